@@ -1,0 +1,173 @@
+// Package nettest is the harness of privileged tests: a fresh network
+// namespace per test, removed on every exit path, and helpers that put a tap
+// into each state kernel.md measures (no fd; held by another process; held
+// and down; a multiqueue queue detached with its fd open; fd closed again).
+//
+// It uses ip(8) to set scenes; the product never does.
+package nettest
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/datum-cloud/galactic-node/node/link"
+	"github.com/datum-cloud/galactic-node/node/tun"
+)
+
+// SkipPrivilegedEnv, set to 1, skips privileged tests (make test-unit).
+const SkipPrivilegedEnv = "GALACTIC_SKIP_PRIVILEGED"
+
+// RequirePrivileged skips t unless it runs as root, with a message that says
+// how to run it. Under CI=true it never skips: a CI run that cannot run a
+// privileged test fails instead of passing silently.
+func RequirePrivileged(t testing.TB) {
+	t.Helper()
+	reason := ""
+	switch {
+	case os.Getenv(SkipPrivilegedEnv) == "1":
+		reason = SkipPrivilegedEnv + "=1"
+	case os.Geteuid() != 0:
+		reason = "not running as root"
+	default:
+		return
+	}
+	if os.Getenv("CI") == "true" {
+		t.Fatalf("privileged test cannot run under CI=true (%s): CI runs `make test` as root", reason)
+	}
+	t.Skipf("privileged test skipped (%s): run `sudo make test` to include it", reason)
+}
+
+// NS is a network namespace made for one test.
+type NS struct {
+	Name string
+	File *os.File // open handle, for link.Dial and tun.Open
+}
+
+// NewNS creates a network namespace for t, with lo up, and removes it when t
+// ends, whether it passed, failed or panicked.
+func NewNS(t testing.TB) *NS {
+	t.Helper()
+	RequirePrivileged(t)
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	ns := &NS{Name: "galactic-test-" + hex.EncodeToString(b[:])}
+	Run(t, "ip", "netns", "add", ns.Name)
+	t.Cleanup(func() {
+		if ns.File != nil {
+			ns.File.Close()
+		}
+		if out, err := exec.Command("ip", "netns", "del", ns.Name).CombinedOutput(); err != nil {
+			t.Errorf("remove netns %s: %v: %s", ns.Name, err, out)
+		}
+	})
+	f, err := os.Open("/run/netns/" + ns.Name)
+	if err != nil {
+		t.Fatalf("open netns %s: %v", ns.Name, err)
+	}
+	ns.File = f
+	ns.IP(t, "link", "set", "lo", "up")
+	return ns
+}
+
+// IP runs `ip -n NAME args...` and returns its output, failing t on error.
+func (ns *NS) IP(t testing.TB, args ...string) string {
+	t.Helper()
+	return Run(t, "ip", append([]string{"-n", ns.Name}, args...)...)
+}
+
+// Dial opens a link.Conn in the namespace, closed when t ends.
+func (ns *NS) Dial(t testing.TB) *link.Conn {
+	t.Helper()
+	c, err := link.Dial(ns.File)
+	if err != nil {
+		t.Fatalf("dial rtnetlink in %s: %v", ns.Name, err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// Run runs a command and returns its combined output, failing t on error.
+func Run(t testing.TB, name string, args ...string) string {
+	t.Helper()
+	out, err := exec.Command(name, args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s %s: %v: %s", name, strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+// NewTap creates a persistent tap with no file descriptor open: the state a
+// tap is in after its VMM exits without CNI DEL.
+func NewTap(t testing.TB, ns *NS, name string, mode tun.Mode) {
+	t.Helper()
+	f, err := tun.Open(ns.File, name, mode)
+	if err != nil {
+		t.Fatalf("create tap %s: %v", name, err)
+	}
+	defer f.Close()
+	if err := tun.SetPersist(f, true); err != nil {
+		t.Fatalf("persist tap %s: %v", name, err)
+	}
+}
+
+// Holder is another process that holds queues of a tap open, as a VMM does.
+type Holder struct {
+	cmd *exec.Cmd
+}
+
+// HoldOptions says how a Holder holds its tap.
+type HoldOptions struct {
+	Mode     tun.Mode
+	Queues   int // file descriptors to attach; 0 means 1
+	Detached int // of those, how many to detach (multiqueue only) before handing them over
+}
+
+// Hold attaches queues to the tap called name and hands the file descriptors
+// to a child process, closing the test's own copies: afterwards only the
+// child holds the tap. The child is killed when t ends or on Release.
+func Hold(t testing.TB, ns *NS, name string, opts HoldOptions) *Holder {
+	t.Helper()
+	queues := max(opts.Queues, 1)
+	files := make([]*os.File, 0, queues)
+	defer func() {
+		for _, f := range files {
+			f.Close()
+		}
+	}()
+	for i := range queues {
+		f, err := tun.Open(ns.File, name, opts.Mode)
+		if err != nil {
+			t.Fatalf("attach queue %d of %s: %v", i, name, err)
+		}
+		files = append(files, f)
+	}
+	for i := range opts.Detached {
+		if err := tun.DetachQueue(files[i]); err != nil {
+			t.Fatalf("detach queue %d of %s: %v", i, name, err)
+		}
+	}
+	cmd := exec.Command("sleep", "3600")
+	cmd.ExtraFiles = files
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start holder of %s: %v", name, err)
+	}
+	h := &Holder{cmd: cmd}
+	t.Cleanup(h.Release)
+	return h
+}
+
+// PID is the holder's process ID.
+func (h *Holder) PID() int { return h.cmd.Process.Pid }
+
+// Release ends the holder, closing its file descriptors. It is idempotent.
+func (h *Holder) Release() {
+	if h.cmd.ProcessState != nil {
+		return
+	}
+	_ = h.cmd.Process.Kill()
+	_ = h.cmd.Wait()
+}
