@@ -62,12 +62,12 @@ func TestExtremeIdentitiesRoundTrip(t *testing.T) {
 func TestMalformedNamesAreRefused(t *testing.T) {
 	taps := []string{
 		"", "G", "G000000010013", "X000000010013H", "G000000010013V", "G00000001001H",
-		"G0000000100133H",  // too long
-		"G000000010-13H",   // not base62
-		"G000000000013H",   // VPC 0 is reserved
-		"GZZZZZZZZZ013H",   // VPC above 48 bits
-		"G000000010ZZZH",   // attachment above 16 bits
-		"g000000010013h",   // wrong case in the frame
+		"G0000000100133H", // too long
+		"G000000010-13H",  // not base62
+		"G000000000013H",  // VPC 0 is reserved
+		"GZZZZZZZZZ013H",  // VPC above 48 bits
+		"G000000010ZZZH",  // attachment above 16 bits
+		"g000000010013h",  // wrong case in the frame
 		"G00000001\x00013H",
 	}
 	for _, name := range taps {
