@@ -1,0 +1,238 @@
+package vrf
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/datum-cloud/galactic-node/node/identity"
+)
+
+const (
+	helperEnv    = "GALACTIC_VRF_LOCK_HELPER_DIR"
+	helperVPCEnv = "GALACTIC_VRF_LOCK_HELPER_VPC"
+)
+
+// TestMain lets the test binary act as a second process that holds a lock
+// until its stdin closes.
+func TestMain(m *testing.M) {
+	if dir := os.Getenv(helperEnv); dir != "" {
+		os.Exit(holdLockUntilStdinCloses(dir))
+	}
+	os.Exit(m.Run())
+}
+
+func holdLockUntilStdinCloses(dir string) int {
+	vpc, _ := strconv.ParseUint(os.Getenv(helperVPCEnv), 10, 64)
+	l, err := NewLocker(dir)
+	if err != nil {
+		return 2
+	}
+	unlock, err := l.Lock(context.Background(), identity.VPC(vpc))
+	if err != nil {
+		return 3
+	}
+	os.Stdout.WriteString("locked\n")
+	_, _ = bufio.NewReader(os.Stdin).ReadString('\n')
+	unlock()
+	return 0
+}
+
+// startHolder starts another process holding vpc's lock in dir and returns
+// the function that makes it release the lock and exit. It returns once the
+// other process holds the lock.
+func startHolder(t *testing.T, dir string, vpc identity.VPC) (release func(), err error) {
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), helperEnv+"="+dir, helperVPCEnv+"="+strconv.FormatUint(uint64(vpc), 10))
+	stdin, _ := cmd.StdinPipe()
+	stdout, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	if err != nil || line != "locked\n" {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		return nil, fmt.Errorf("holder process did not lock: %q, %v", line, err)
+	}
+	var done atomic.Bool
+	release = func() {
+		if done.Swap(true) {
+			return
+		}
+		stdin.Close()
+		if err := cmd.Wait(); err != nil {
+			t.Errorf("holder process: %v", err)
+		}
+	}
+	t.Cleanup(release)
+	return release, nil
+}
+
+func TestALockHeldByAnotherProcessExcludesThisOne(t *testing.T) {
+	dir := t.TempDir()
+	l, err := NewLocker(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	release, err := startHolder(t, dir, 62)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if _, err := l.Lock(ctx, 62); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Lock while another process holds it = %v, want DeadlineExceeded", err)
+	}
+	// A different VRF is not blocked by the other process.
+	unlockOther, err := l.Lock(context.Background(), 63)
+	if err != nil {
+		t.Fatalf("Lock of another VRF: %v", err)
+	}
+	unlockOther()
+
+	release()
+	ctx, cancel = context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	unlock, err := l.Lock(ctx, 62)
+	if err != nil {
+		t.Fatalf("Lock after the other process released: %v", err)
+	}
+	unlock()
+}
+
+func TestThisProcessExcludesAnotherProcess(t *testing.T) {
+	dir := t.TempDir()
+	l, _ := NewLocker(dir)
+	unlock, err := l.Lock(context.Background(), 62)
+	if err != nil {
+		t.Fatal(err)
+	}
+	locked := make(chan struct{})
+	go func() {
+		if _, err := startHolder(t, dir, 62); err != nil {
+			t.Error(err)
+		}
+		close(locked)
+	}()
+	select {
+	case <-locked:
+		t.Fatal("another process took a lock this process holds")
+	case <-time.After(300 * time.Millisecond):
+	}
+	unlock()
+	select {
+	case <-locked:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the other process never took the lock after it was released")
+	}
+}
+
+func TestALockExcludesASecondGoroutine(t *testing.T) {
+	l, _ := NewLocker(t.TempDir())
+	unlock, err := l.Lock(context.Background(), 62)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var inside atomic.Int32
+	inside.Store(1)
+	got := make(chan int32)
+	go func() {
+		unlock2, err := l.Lock(context.Background(), 62)
+		if err != nil {
+			t.Error(err)
+			close(got)
+			return
+		}
+		got <- inside.Load()
+		unlock2()
+	}()
+	select {
+	case v := <-got:
+		t.Fatalf("second goroutine locked while the first held the lock (inside=%d)", v)
+	case <-time.After(100 * time.Millisecond):
+	}
+	inside.Store(0)
+	unlock()
+	if v := <-got; v != 0 {
+		t.Fatalf("second goroutine saw inside=%d", v)
+	}
+}
+
+func TestTwoVRFsNeverBlockEachOther(t *testing.T) {
+	l, _ := NewLocker(t.TempDir())
+	unlockA, err := l.Lock(context.Background(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unlockA()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	unlockB, err := l.Lock(ctx, 2)
+	if err != nil {
+		t.Fatalf("Lock of VRF 2 while VRF 1 is held: %v", err)
+	}
+	unlockB()
+}
+
+func TestACancelledWaitReturnsPromptly(t *testing.T) {
+	l, _ := NewLocker(t.TempDir())
+	unlock, _ := l.Lock(context.Background(), 62)
+	defer unlock()
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() {
+		_, err := l.Lock(ctx, 62)
+		errc <- err
+	}()
+	time.Sleep(20 * time.Millisecond)
+	cancel()
+	select {
+	case err := <-errc:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("Lock after cancel = %v, want context.Canceled", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Lock did not return after its context was cancelled")
+	}
+	// The abandoned wait left nothing behind: the lock still works.
+	unlock()
+	unlock2, err := l.Lock(context.Background(), 62)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unlock2()
+	if n := len(l.slots); n != 0 {
+		t.Fatalf("%d slots left after every lock was released", n)
+	}
+}
+
+func TestLockFilesAreNeverUnlinked(t *testing.T) {
+	dir := t.TempDir()
+	l, _ := NewLocker(dir)
+	unlock, _ := l.Lock(context.Background(), 62)
+	unlock()
+	if _, err := os.Stat(dir + "/" + identity.VPC(62).VRFName() + ".lock"); err != nil {
+		t.Fatalf("lock file after release: %v", err)
+	}
+}
+
+func TestBadInputIsRefused(t *testing.T) {
+	if _, err := NewLocker(""); err == nil {
+		t.Fatal("NewLocker(\"\") succeeded")
+	}
+	l, _ := NewLocker(t.TempDir())
+	for _, vpc := range []identity.VPC{0, identity.MaxVPC + 1} {
+		if _, err := l.Lock(context.Background(), vpc); !errors.Is(err, identity.ErrMalformed) {
+			t.Fatalf("Lock(%d) = %v, want ErrMalformed", vpc, err)
+		}
+	}
+}
