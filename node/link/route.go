@@ -1,0 +1,57 @@
+package link
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+
+	"github.com/jsimonetti/rtnetlink/v2"
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// Route is a directly connected route through one link.
+type Route struct {
+	Dst   netip.Prefix
+	Table uint32 // 0 means the main table
+	Link  uint32 // ifindex of the outgoing link
+}
+
+// ReplaceRoute adds r, or replaces a route to the same destination in the
+// same table, so that repeating it is harmless. A route through a link with
+// no carrier is accepted and marked linkdown by the kernel.
+func (c *Conn) ReplaceRoute(ctx context.Context, r Route) error {
+	if !r.Dst.IsValid() || r.Link == 0 {
+		return fmt.Errorf("replace route %v via ifindex %d: need a destination and a link", r.Dst, r.Link)
+	}
+	dst := r.Dst.Masked()
+	family := uint8(unix.AF_INET)
+	if dst.Addr().Is6() {
+		family = unix.AF_INET6
+	}
+	table := r.Table
+	if table == 0 {
+		table = unix.RT_TABLE_MAIN
+	}
+	m := &rtnetlink.RouteMessage{
+		Family:    family,
+		DstLength: uint8(dst.Bits()),
+		Table:     unix.RT_TABLE_UNSPEC, // the RTA_TABLE attribute carries all 32 bits
+		Protocol:  unix.RTPROT_STATIC,
+		Scope:     unix.RT_SCOPE_LINK,
+		Type:      unix.RTN_UNICAST,
+		Attributes: rtnetlink.RouteAttributes{
+			Dst:      dst.Addr().AsSlice(),
+			OutIface: r.Link,
+			Table:    table,
+		},
+	}
+	if table < 256 {
+		m.Table = uint8(table)
+	}
+	_, err := c.execute(ctx, unix.RTM_NEWROUTE, netlink.Request|netlink.Acknowledge|netlink.Create|netlink.Replace, m)
+	if err != nil {
+		return fmt.Errorf("replace route %v table %d via ifindex %d: %w", dst, table, r.Link, err)
+	}
+	return nil
+}
