@@ -1,0 +1,44 @@
+# galactic-node: build, test and measure.
+#
+# `make test` is the one command that runs everything, privileged tests
+# included; it must run as root (CI does). `make test-unit` runs what needs
+# no privileges.
+
+GO              ?= go
+GOLANGCI_LINT   ?= github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.15.0
+FUZZTIME        ?= 10s
+BENCHTIME       ?= 20x
+PKGS            := ./...
+
+.PHONY: all build test test-unit test-privileged fuzz bench lint fmt-check vet
+
+all: build
+
+build:
+	$(GO) build $(PKGS)
+
+test: fmt-check vet test-privileged fuzz
+
+test-privileged:
+	@if [ "$$(id -u)" != 0 ]; then echo "make test runs privileged tests: run it as root (sudo make test), or use make test-unit"; exit 1; fi
+	$(GO) test -race -count=1 $(PKGS)
+
+test-unit:
+	GALACTIC_SKIP_PRIVILEGED=1 $(GO) test -count=1 $(PKGS)
+
+# Each fuzz target runs for a bounded time on top of its committed corpus.
+fuzz:
+	$(GO) test -run='^$$' -fuzz='^FuzzTenantName$$' -fuzztime=$(FUZZTIME) ./node/identity
+
+bench:
+	$(GO) test -run='^$$' -bench=. -benchtime=$(BENCHTIME) -count=3 $(PKGS)
+
+lint: fmt-check vet
+	$(GO) run $(GOLANGCI_LINT) run $(PKGS)
+
+fmt-check:
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+
+vet:
+	$(GO) vet $(PKGS)
