@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/datum-cloud/galactic-node/node/link"
@@ -170,4 +171,12 @@ func (h *Holder) Release() {
 	}
 	_ = h.cmd.Process.Kill()
 	_ = h.cmd.Wait()
+}
+
+// Inode returns the inode number of fi: how namespaces are told apart.
+func Inode(fi os.FileInfo) uint64 {
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		return st.Ino
+	}
+	return 0
 }
