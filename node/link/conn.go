@@ -121,17 +121,26 @@ func (c *Conn) do(ctx context.Context, fn func() error) error {
 		}
 	}
 	nl := c.nl
-	stop := context.AfterFunc(ctx, func() { _ = nl.SetDeadline(time.Unix(1, 0)) })
+	fired := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		_ = nl.SetDeadline(time.Unix(1, 0))
+		close(fired)
+	})
 	err := fn()
-	stop()
-	if err != nil && ctx.Err() != nil {
+	if !stop() {
+		<-fired // so that its deadline cannot land after the reset below
+	}
+	if err != nil && (ctx.Err() != nil || errors.Is(err, os.ErrDeadlineExceeded)) {
 		// The request was cut short: replies to it may still arrive and would
 		// be read as answers to the next request. Start on a fresh socket.
 		nl.Close()
 		if derr := c.dial(); derr != nil {
-			return errors.Join(ctx.Err(), derr)
+			return errors.Join(context.Cause(ctx), err, derr)
 		}
-		return ctx.Err()
+		if cerr := ctx.Err(); cerr != nil {
+			return cerr
+		}
+		return fmt.Errorf("%w: %w", context.DeadlineExceeded, err)
 	}
 	_ = nl.SetDeadline(time.Time{})
 	return err
