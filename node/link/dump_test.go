@@ -2,6 +2,7 @@ package link
 
 import (
 	"encoding/binary"
+	"errors"
 	"testing"
 
 	"github.com/jsimonetti/rtnetlink/v2"
@@ -57,7 +58,7 @@ func TestADumpErrorIsReturned(t *testing.T) {
 	errno := binary.NativeEndian.AppendUint32(nil, uint32(code))
 	var links []Link
 	_, _, err := parseDumpChunk(nlmsg(unix.NLMSG_DONE, netlink.Multi, 3, errno), 3, &links)
-	if err != unix.ENOBUFS {
+	if !errors.Is(err, unix.ENOBUFS) {
 		t.Fatalf("err = %v, want ENOBUFS", err)
 	}
 	_, _, err = parseDumpChunk(nlmsg(unix.RTM_NEWLINK, netlink.Multi, 3, []byte{1, 2})[:18], 3, &links)

@@ -8,6 +8,7 @@
 package netns
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"runtime"
@@ -41,7 +42,7 @@ func Do(ns *os.File, fn func() error) error {
 		if err := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); err != nil {
 			// Leave the thread locked: the runtime destroys it when this
 			// goroutine exits, instead of reusing it in the wrong namespace.
-			errc <- fmt.Errorf("return to original network namespace: %w (after: %v)", err, fnErr)
+			errc <- errors.Join(fmt.Errorf("return to original network namespace: %w", err), fnErr)
 			return
 		}
 		runtime.UnlockOSThread()

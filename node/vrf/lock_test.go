@@ -39,7 +39,7 @@ func holdLockUntilStdinCloses(dir string) int {
 	if err != nil {
 		return 3
 	}
-	os.Stdout.WriteString("locked\n")
+	_, _ = os.Stdout.WriteString("locked\n")
 	_, _ = bufio.NewReader(os.Stdin).ReadString('\n')
 	unlock()
 	return 0
@@ -60,7 +60,7 @@ func startHolder(t *testing.T, dir string, vpc identity.VPC) (release func(), er
 	if err != nil || line != "locked\n" {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
-		return nil, fmt.Errorf("holder process did not lock: %q, %v", line, err)
+		return nil, fmt.Errorf("holder process did not lock: %q: %w", line, err)
 	}
 	var done atomic.Bool
 	release = func() {
