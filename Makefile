@@ -10,7 +10,7 @@ FUZZTIME        ?= 10s
 BENCHTIME       ?= 20x
 PKGS            := ./...
 
-.PHONY: all build test test-unit test-privileged fuzz bench lint fmt-check vet
+.PHONY: all build test test-unit test-privileged fuzz bench lint fmt-check vet generate
 
 all: build
 
@@ -42,3 +42,11 @@ fmt-check:
 
 vet:
 	$(GO) vet $(PKGS)
+
+# Regenerates the eBPF object and bindings from ebpf/datapath/bpf/*.c, and
+# records the source's hash so that `make test` fails on a stale object.
+generate:
+	@command -v clang >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clang llvm libbpf-dev; }
+	@test -f /usr/include/bpf/bpf_helpers.h || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libbpf-dev; }
+	$(GO) generate ./ebpf/...
+	sha256sum ebpf/datapath/bpf/datapath.c | cut -d' ' -f1 > ebpf/datapath/bpf/datapath.c.sha256

@@ -180,3 +180,20 @@ func Inode(fi os.FileInfo) uint64 {
 	}
 	return 0
 }
+
+// BPFFS mounts a private bpf filesystem on a temporary folder for t and
+// unmounts it when t ends, so pinned maps never outlive the test.
+func BPFFS(t testing.TB) string {
+	t.Helper()
+	RequirePrivileged(t)
+	dir := t.TempDir()
+	if err := syscall.Mount("bpffs", dir, "bpf", 0, "mode=0700"); err != nil {
+		t.Fatalf("mount bpffs on %s: %v", dir, err)
+	}
+	t.Cleanup(func() {
+		if err := syscall.Unmount(dir, syscall.MNT_DETACH); err != nil {
+			t.Errorf("unmount bpffs %s: %v", dir, err)
+		}
+	})
+	return dir
+}

@@ -206,3 +206,29 @@ func parseAttachment(s string) (Attachment, error) {
 	}
 	return Attachment(n), nil
 }
+
+// MarshalText writes the identifier in base62, so JSON shows what names carry.
+func (v VPC) MarshalText() ([]byte, error) { return []byte(v.Base62()), nil }
+
+// UnmarshalText parses base62, refusing what ParseBase62 refuses.
+func (v *VPC) UnmarshalText(b []byte) error {
+	p, err := parseVPC(string(b))
+	if err != nil {
+		return err
+	}
+	*v = p
+	return nil
+}
+
+// MarshalText writes the identifier in base62.
+func (a Attachment) MarshalText() ([]byte, error) { return []byte(a.Base62()), nil }
+
+// UnmarshalText parses base62.
+func (a *Attachment) UnmarshalText(b []byte) error {
+	p, err := parseAttachment(string(b))
+	if err != nil {
+		return err
+	}
+	*a = p
+	return nil
+}

@@ -1,0 +1,131 @@
+// Package datapath loads the TCX ingress program of tenant taps and the
+// maps it reads, pinned under <bpffs>/galactic so that a daemon restart loses
+// no rows, and gives each map a typed API whose rows marshal to readable
+// JSON (addresses as strings, actions and decisions as words, identities in
+// base62).
+//
+// It knows layouts, not meaning: which maps hold rows of one interface is
+// node/attachreg's business. The C source is bpf/datapath.c; the generated
+// bindings and object are committed, so building needs no clang (make
+// generate rebuilds them). TCX needs Linux 6.6 or later; batch look-ups fall
+// back to iteration where the kernel lacks them.
+package datapath
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+)
+
+// PinSubdir is the folder under the bpffs mount where maps are pinned.
+const PinSubdir = "galactic"
+
+// Datapath is the loaded program and its maps.
+type Datapath struct {
+	pinDir string
+	objs   datapathObjects
+
+	IfindexVRF    *Table[uint32, VRFBinding]
+	TrafficPolicy *Table[uint32, Policy]
+	EgressKind    *Table[uint32, EgressKind]
+	TenantGateway *Table[uint32, Gateway]
+	HostOnlyPort  *Table[HostPort, bool]
+	Decisions     *Table[DecisionKey, uint64]
+	Unattributed  *Table[Reason, uint64]
+}
+
+// Load mounts bpffs at bpffs if nothing is mounted there (creating the
+// folder), loads the program, and creates its maps or reuses those already
+// pinned under <bpffs>/galactic. A pinned map whose layout differs from this
+// build's is an error, never silently replaced: it holds live rows.
+func Load(bpffs string) (*Datapath, error) {
+	if err := EnsureBPFFS(bpffs); err != nil {
+		return nil, err
+	}
+	pinDir := filepath.Join(bpffs, PinSubdir)
+	if err := os.MkdirAll(pinDir, 0o700); err != nil {
+		return nil, fmt.Errorf("load datapath: pin folder: %w", err)
+	}
+	spec, err := loadDatapath()
+	if err != nil {
+		return nil, fmt.Errorf("load datapath: spec: %w", err)
+	}
+	d := &Datapath{pinDir: pinDir}
+	if err := spec.LoadAndAssign(&d.objs, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: pinDir}}); err != nil {
+		return nil, fmt.Errorf("load datapath from %s: %w", pinDir, err)
+	}
+	m := &d.objs.datapathMaps
+	u32 := func(k uint32) (uint32, error) {
+		if k == 0 {
+			return 0, fmt.Errorf("ifindex 0: %w", ErrInvalidRow)
+		}
+		return k, nil
+	}
+	id := func(k uint32) uint32 { return k }
+	ok := func(v uint64) (uint64, error) { return v, nil }
+	u64 := func(v uint64) uint64 { return v }
+	d.IfindexVRF = newTable("ifindex_vrf", m.IfindexVrf, u32, id, VRFBinding.raw, vrfBindingFrom)
+	d.TrafficPolicy = newTable("traffic_policy", m.TrafficPolicy, u32, id, Policy.raw, policyFrom)
+	d.EgressKind = newTable("egress_kind", m.EgressKind, u32, id, EgressKind.raw, func(v uint32) EgressKind { return EgressKind(v) })
+	d.TenantGateway = newTable("tenant_gateway", m.TenantGateway, u32, id, Gateway.raw, gatewayFrom)
+	d.HostOnlyPort = newTable("host_only_port", m.HostOnlyPort, HostPort.raw, hostPortFrom,
+		func(b bool) (uint8, error) {
+			if b {
+				return 1, nil
+			}
+			return 0, nil
+		}, func(v uint8) bool { return v != 0 })
+	d.Decisions = newTable("decisions", m.Decisions, DecisionKey.raw, decisionKeyFrom, ok, u64)
+	d.Unattributed = newTable("unattributed", m.Unattributed,
+		func(r Reason) (uint32, error) { return uint32(r), nil }, func(k uint32) Reason { return Reason(k) }, ok, u64)
+	return d, nil
+}
+
+// Close releases this process's handles. Pinned maps, and their rows, stay.
+func (d *Datapath) Close() error { return d.objs.Close() }
+
+// PinDir is the folder the maps are pinned in.
+func (d *Datapath) PinDir() string { return d.pinDir }
+
+// Program is the TCX ingress program of tenant taps.
+func (d *Datapath) Program() *ebpf.Program { return d.objs.TapIngress }
+
+// Tables returns every map of the collection, in a stable order.
+func (d *Datapath) Tables() []AnyTable {
+	return []AnyTable{d.IfindexVRF, d.TrafficPolicy, d.EgressKind, d.TenantGateway, d.HostOnlyPort, d.Decisions, d.Unattributed}
+}
+
+// Table returns the map called name, or ErrUnknownMap.
+func (d *Datapath) Table(name string) (AnyTable, error) {
+	for _, t := range d.Tables() {
+		if t.Name() == name {
+			return t, nil
+		}
+	}
+	return nil, fmt.Errorf("map %q: %w", name, ErrUnknownMap)
+}
+
+// EnsureBPFFS mounts a bpf filesystem at dir unless one is mounted there.
+func EnsureBPFFS(dir string) error {
+	if dir == "" {
+		return errors.New("bpffs: empty path")
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("bpffs %s: %w", dir, err)
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return fmt.Errorf("bpffs %s: statfs: %w", dir, err)
+	}
+	if st.Type == unix.BPF_FS_MAGIC {
+		return nil
+	}
+	if err := unix.Mount("bpffs", dir, "bpf", 0, "mode=0700"); err != nil {
+		return fmt.Errorf("bpffs %s: not a bpf filesystem and mounting one failed: %w", dir, err)
+	}
+	return nil
+}

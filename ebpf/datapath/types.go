@@ -1,0 +1,264 @@
+package datapath
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+
+	"github.com/datum-cloud/galactic-node/node/identity"
+)
+
+// Limits of a policy row, fixed by the C layout.
+const (
+	MaxEthertypes = 8
+	MaxProtocols  = 8
+)
+
+// ErrInvalidRow is wrapped by errors for rows that cannot be written.
+var ErrInvalidRow = errors.New("invalid row")
+
+// VRFBinding is the ifindex_vrf row: where an interface's traffic is routed
+// and whose it is.
+type VRFBinding struct {
+	Table      uint32              `json:"table"`
+	VPC        identity.VPC        `json:"vpc"`
+	Attachment identity.Attachment `json:"attachment"`
+}
+
+func (b VRFBinding) raw() (datapathVrfBinding, error) {
+	if !b.VPC.Valid() || b.Table == 0 {
+		return datapathVrfBinding{}, fmt.Errorf("vrf binding %+v: need a valid VPC and a table: %w", b, ErrInvalidRow)
+	}
+	return datapathVrfBinding{Table: b.Table, Vpc: uint64(b.VPC), Attachment: uint16(b.Attachment)}, nil
+}
+
+func vrfBindingFrom(r datapathVrfBinding) VRFBinding {
+	return VRFBinding{Table: r.Table, VPC: identity.VPC(r.Vpc), Attachment: identity.Attachment(r.Attachment)}
+}
+
+// Action is a policy's default action.
+type Action uint8
+
+const (
+	ActionAllow Action = 0
+	ActionDeny  Action = 1
+)
+
+var actionNames = []string{"allow", "deny"}
+
+func (a Action) String() string { return word(actionNames, int(a)) }
+
+// MarshalText writes the action as a word.
+func (a Action) MarshalText() ([]byte, error) { return []byte(a.String()), nil }
+
+// UnmarshalText reads "allow" or "deny".
+func (a *Action) UnmarshalText(b []byte) error { return unword(actionNames, string(b), (*uint8)(a)) }
+
+// Policy is the traffic_policy row of an interface. Empty lists allow every
+// ethertype or IP protocol.
+type Policy struct {
+	Generation    uint64     `json:"generation"`
+	DefaultAction Action     `json:"defaultAction"`
+	Ethertypes    []uint16   `json:"ethertypes,omitempty"`
+	Protocols     []Protocol `json:"protocols,omitempty"`
+}
+
+func (p Policy) raw() (datapathTrafficPolicy, error) {
+	if p.DefaultAction > ActionDeny || len(p.Ethertypes) > MaxEthertypes || len(p.Protocols) > MaxProtocols {
+		return datapathTrafficPolicy{}, fmt.Errorf("policy: action %d, %d ethertypes (max %d), %d protocols (max %d): %w",
+			p.DefaultAction, len(p.Ethertypes), MaxEthertypes, len(p.Protocols), MaxProtocols, ErrInvalidRow)
+	}
+	r := datapathTrafficPolicy{
+		Generation:    p.Generation,
+		DefaultAction: uint8(p.DefaultAction),
+		N_ethertypes:  uint8(len(p.Ethertypes)),
+		N_protocols:   uint8(len(p.Protocols)),
+	}
+	copy(r.Ethertypes[:], p.Ethertypes)
+	for i, proto := range p.Protocols {
+		r.Protocols[i] = uint8(proto)
+	}
+	return r, nil
+}
+
+func policyFrom(r datapathTrafficPolicy) Policy {
+	p := Policy{Generation: r.Generation, DefaultAction: Action(r.DefaultAction)}
+	if n := min(int(r.N_ethertypes), MaxEthertypes); n > 0 {
+		p.Ethertypes = append([]uint16(nil), r.Ethertypes[:n]...)
+	}
+	if n := min(int(r.N_protocols), MaxProtocols); n > 0 {
+		p.Protocols = make([]Protocol, n)
+		for i := range n {
+			p.Protocols[i] = Protocol(r.Protocols[i])
+		}
+	}
+	return p
+}
+
+// EgressKind says what kind of interface a row belongs to.
+type EgressKind uint32
+
+const (
+	EgressTap  EgressKind = 1
+	EgressVeth EgressKind = 2
+)
+
+var egressNames = []string{"", "tap", "veth"}
+
+func (k EgressKind) String() string { return word(egressNames, int(k)) }
+
+// MarshalText writes the kind as a word.
+func (k EgressKind) MarshalText() ([]byte, error) { return []byte(k.String()), nil }
+
+func (k EgressKind) raw() (uint32, error) {
+	if k != EgressTap && k != EgressVeth {
+		return 0, fmt.Errorf("egress kind %d: %w", uint32(k), ErrInvalidRow)
+	}
+	return uint32(k), nil
+}
+
+// Gateway is the tenant_gateway row: the addresses of the tenant's gateway
+// on the host. An invalid (zero) address means none of that family.
+type Gateway struct {
+	IPv4 netip.Addr `json:"ipv4"`
+	IPv6 netip.Addr `json:"ipv6"`
+}
+
+func (g Gateway) raw() (datapathGateway, error) {
+	var r datapathGateway
+	if g.IPv4.IsValid() {
+		if !g.IPv4.Is4() {
+			return r, fmt.Errorf("gateway ipv4 %v: %w", g.IPv4, ErrInvalidRow)
+		}
+		r.Ipv4 = g.IPv4.As4()
+	}
+	if g.IPv6.IsValid() {
+		if !g.IPv6.Is6() || g.IPv6.Is4In6() {
+			return r, fmt.Errorf("gateway ipv6 %v: %w", g.IPv6, ErrInvalidRow)
+		}
+		r.Ipv6 = g.IPv6.As16()
+	}
+	return r, nil
+}
+
+func gatewayFrom(r datapathGateway) Gateway {
+	var g Gateway
+	if r.Ipv4 != [4]uint8{} {
+		g.IPv4 = netip.AddrFrom4(r.Ipv4)
+	}
+	if r.Ipv6 != [16]uint8{} {
+		g.IPv6 = netip.AddrFrom16(r.Ipv6)
+	}
+	return g
+}
+
+// Protocol is an IP protocol number, written as a word where it has one.
+type Protocol uint8
+
+const (
+	ProtocolTCP Protocol = 6
+	ProtocolUDP Protocol = 17
+)
+
+func (p Protocol) String() string {
+	switch p {
+	case ProtocolTCP:
+		return "tcp"
+	case ProtocolUDP:
+		return "udp"
+	}
+	return fmt.Sprintf("%d", uint8(p))
+}
+
+// MarshalText writes "tcp", "udp" or the number.
+func (p Protocol) MarshalText() ([]byte, error) { return []byte(p.String()), nil }
+
+// HostPort is a host_only_port key: a port of the host's tenant gateway
+// that the interface's tenant may reach.
+type HostPort struct {
+	Ifindex  uint32   `json:"ifindex"`
+	Protocol Protocol `json:"protocol"`
+	Port     uint16   `json:"port"`
+}
+
+func (h HostPort) raw() (datapathHostPortKey, error) {
+	if h.Ifindex == 0 || (h.Protocol != ProtocolTCP && h.Protocol != ProtocolUDP) || h.Port == 0 {
+		return datapathHostPortKey{}, fmt.Errorf("host port %+v: need an ifindex, tcp or udp, and a port: %w", h, ErrInvalidRow)
+	}
+	return datapathHostPortKey{Ifindex: h.Ifindex, Port: h.Port, Protocol: uint8(h.Protocol)}, nil
+}
+
+func hostPortFrom(r datapathHostPortKey) HostPort {
+	return HostPort{Ifindex: r.Ifindex, Protocol: Protocol(r.Protocol), Port: r.Port}
+}
+
+// Decision is what the program decided about a frame.
+type Decision uint8
+
+const (
+	DecisionAllow    Decision = 0
+	DecisionDeny     Decision = 1
+	DecisionHostOnly Decision = 2
+)
+
+var decisionNames = []string{"allow", "deny", "host_only"}
+
+func (d Decision) String() string { return word(decisionNames, int(d)) }
+
+// MarshalText writes the decision as a word.
+func (d Decision) MarshalText() ([]byte, error) { return []byte(d.String()), nil }
+
+// DecisionKey is a key of the decisions counters: attributed decisions.
+type DecisionKey struct {
+	VPC        identity.VPC        `json:"vpc"`
+	Attachment identity.Attachment `json:"attachment"`
+	Decision   Decision            `json:"decision"`
+}
+
+func (k DecisionKey) raw() (datapathDecisionKey, error) {
+	return datapathDecisionKey{Vpc: uint64(k.VPC), Attachment: uint16(k.Attachment), Decision: uint8(k.Decision)}, nil
+}
+
+func decisionKeyFrom(r datapathDecisionKey) DecisionKey {
+	return DecisionKey{VPC: identity.VPC(r.Vpc), Attachment: identity.Attachment(r.Attachment), Decision: Decision(r.Decision)}
+}
+
+// Reason is why a decision could not be attributed to a tenant.
+type Reason uint32
+
+const (
+	// ReasonPolicyUnavailable: no traffic_policy row for the ingress ifindex.
+	ReasonPolicyUnavailable Reason = 0
+	// ReasonIdentityUnavailable: a policy but no ifindex_vrf row.
+	ReasonIdentityUnavailable Reason = 1
+)
+
+var reasonNames = []string{"policy_unavailable", "identity_unavailable"}
+
+func (r Reason) String() string { return word(reasonNames, int(r)) }
+
+// MarshalText writes the reason as a word.
+func (r Reason) MarshalText() ([]byte, error) { return []byte(r.String()), nil }
+
+func word(names []string, i int) string {
+	if i >= 0 && i < len(names) && names[i] != "" {
+		return names[i]
+	}
+	return fmt.Sprintf("unknown(%d)", i)
+}
+
+func unword(names []string, s string, out *uint8) error {
+	for i, n := range names {
+		if n != "" && n == s {
+			*out = uint8(i)
+			return nil
+		}
+	}
+	return fmt.Errorf("%q is not one of %q: %w", s, names, ErrInvalidRow)
+}
+
+// Row is one key and value of a map, for views and dumps.
+type Row[K, V any] struct {
+	Key   K `json:"key"`
+	Value V `json:"value"`
+}
