@@ -1,0 +1,392 @@
+// Package attachreg is the one place that registers and unregisters an
+// interface's eBPF rows and attaches the datapath program to it. CNI ADD and
+// DEL and the stale tap reclaim all go through it, so they write and clear
+// exactly the same rows.
+//
+// It is also the only place that knows which maps hold rows of one
+// interface: adding such a map to the datapath means adding it to
+// perInterfaceMaps here, and the tests fail until that is done.
+package attachreg
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+
+	"github.com/cilium/ebpf"
+	ciliumlink "github.com/cilium/ebpf/link"
+
+	"github.com/datum-cloud/galactic-node/ebpf/datapath"
+	"github.com/datum-cloud/galactic-node/node/identity"
+	"github.com/datum-cloud/galactic-node/node/netns"
+)
+
+// ErrInvalidRegistration is wrapped by errors for input that cannot be
+// registered; nothing is written when it is returned.
+var ErrInvalidRegistration = errors.New("invalid registration")
+
+// linkPinSubdir holds one pinned TCX link per registered interface, so that
+// the attachment outlives the short-lived CNI process that made it.
+const linkPinSubdir = "links"
+
+// Registration is everything the datapath holds about one interface.
+type Registration struct {
+	Identity      identity.Identity
+	Table         uint32 // the VRF's routing table
+	Egress        datapath.EgressKind
+	Policy        datapath.Policy
+	Gateway       datapath.Gateway
+	HostOnlyPorts []HostPort
+}
+
+// HostPort is a port of the tenant gateway the interface's tenant may reach.
+type HostPort struct {
+	Protocol datapath.Protocol
+	Port     uint16
+}
+
+// Registry registers interfaces of one network namespace.
+type Registry struct {
+	dp  *datapath.Datapath
+	ns  *os.File // nil: the caller's namespace
+	log *slog.Logger
+
+	// deleteFault, when set, is called before each map's delete during
+	// UnregisterInterface and its error is used as that map's. It is a
+	// fault seam for tests only (set through export_test.go): a real map
+	// delete cannot be made to fail on demand.
+	deleteFault func(mapName string) error
+}
+
+// New returns a Registry over dp for interfaces in namespace ns (nil for the
+// caller's).
+func New(dp *datapath.Datapath, ns *os.File, log *slog.Logger) *Registry {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Registry{dp: dp, ns: ns, log: log}
+}
+
+// perInterfaceMap is one map holding rows of an interface, and how to read
+// and clear them.
+type perInterfaceMap struct {
+	name   string
+	rows   func(ifindex uint32) (any, bool, error) // the rows, whether any exist
+	delete func(ifindex uint32) error              // idempotent
+}
+
+func (r *Registry) perInterfaceMaps() []perInterfaceMap {
+	d := r.dp
+	return []perInterfaceMap{
+		keyed(d.IfindexVRF),
+		keyed(d.TrafficPolicy),
+		keyed(d.EgressKind),
+		keyed(d.TenantGateway),
+		{
+			name: d.HostOnlyPort.Name(),
+			rows: func(ifindex uint32) (any, bool, error) {
+				ports, err := r.hostPorts(ifindex)
+				return ports, len(ports) > 0, err
+			},
+			delete: func(ifindex uint32) error {
+				ports, err := r.hostPorts(ifindex)
+				if err != nil {
+					return err
+				}
+				var errs []error
+				for _, p := range ports {
+					if err := d.HostOnlyPort.Delete(p); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+						errs = append(errs, err)
+					}
+				}
+				return errors.Join(errs...)
+			},
+		},
+	}
+}
+
+// keyed describes a map whose key is the ifindex itself.
+func keyed[V any](t *datapath.Table[uint32, V]) perInterfaceMap {
+	return perInterfaceMap{
+		name: t.Name(),
+		rows: func(ifindex uint32) (any, bool, error) {
+			v, err := t.Get(ifindex)
+			if errors.Is(err, ebpf.ErrKeyNotExist) {
+				return nil, false, nil
+			}
+			return v, err == nil, err
+		},
+		delete: func(ifindex uint32) error {
+			if err := t.Delete(ifindex); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				return err
+			}
+			return nil
+		},
+	}
+}
+
+// hostPorts returns the host_only_port keys of ifindex. The map is keyed by
+// (ifindex, protocol, port), so finding one interface's rows is a walk.
+func (r *Registry) hostPorts(ifindex uint32) ([]datapath.HostPort, error) {
+	rows, err := r.dp.HostOnlyPort.Dump(0)
+	if err != nil {
+		return nil, err
+	}
+	var ports []datapath.HostPort
+	for _, row := range rows {
+		if row.Key.Ifindex == ifindex {
+			ports = append(ports, row.Key)
+		}
+	}
+	return ports, nil
+}
+
+func (reg Registration) validate(ifindex uint32) error {
+	var errs []error
+	if ifindex == 0 {
+		errs = append(errs, errors.New("ifindex 0"))
+	}
+	if !reg.Identity.Valid() {
+		errs = append(errs, fmt.Errorf("identity %v is not valid", reg.Identity))
+	}
+	if reg.Table == 0 {
+		errs = append(errs, errors.New("table 0"))
+	}
+	if reg.Egress != datapath.EgressTap && reg.Egress != datapath.EgressVeth {
+		errs = append(errs, fmt.Errorf("egress kind %d", uint32(reg.Egress)))
+	}
+	if reg.Policy.DefaultAction > datapath.ActionDeny ||
+		len(reg.Policy.Ethertypes) > datapath.MaxEthertypes || len(reg.Policy.Protocols) > datapath.MaxProtocols {
+		errs = append(errs, fmt.Errorf("policy %+v exceeds the datapath's limits", reg.Policy))
+	}
+	if (reg.Gateway.IPv4.IsValid() && !reg.Gateway.IPv4.Is4()) || (reg.Gateway.IPv6.IsValid() && (!reg.Gateway.IPv6.Is6() || reg.Gateway.IPv6.Is4In6())) {
+		errs = append(errs, fmt.Errorf("gateway %+v: wrong address families", reg.Gateway))
+	}
+	for _, p := range reg.HostOnlyPorts {
+		if (p.Protocol != datapath.ProtocolTCP && p.Protocol != datapath.ProtocolUDP) || p.Port == 0 {
+			errs = append(errs, fmt.Errorf("host-only port %v/%d: want tcp or udp and a port", p.Protocol, p.Port))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidRegistration, err)
+	}
+	return nil
+}
+
+// RegisterInterface writes every row of the interface ifindex and attaches
+// the datapath program to its TCX ingress. Registering again replaces the
+// rows (host-only ports not listed any more are removed) and keeps the
+// attachment. Invalid input is refused before anything is written; a failure
+// part-way removes what was written, so no interface is left half-registered.
+func (r *Registry) RegisterInterface(ctx context.Context, ifindex uint32, reg Registration) error {
+	if err := reg.validate(ifindex); err != nil {
+		return fmt.Errorf("register interface %d: %w", ifindex, err)
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("register interface %d: %w", ifindex, err)
+	}
+	if err := r.writeRows(ifindex, reg); err != nil {
+		return fmt.Errorf("register interface %d: %w", ifindex, errors.Join(err, r.UnregisterInterface(ctx, ifindex)))
+	}
+	if err := r.attach(ifindex); err != nil {
+		return fmt.Errorf("register interface %d: %w", ifindex, errors.Join(err, r.UnregisterInterface(ctx, ifindex)))
+	}
+	r.log.Info("interface registered", "ifindex", ifindex, "identity", reg.Identity.String(),
+		"table", reg.Table, "egress", reg.Egress.String(), "host_only_ports", len(reg.HostOnlyPorts))
+	return nil
+}
+
+func (r *Registry) writeRows(ifindex uint32, reg Registration) error {
+	d := r.dp
+	stale, err := r.hostPorts(ifindex)
+	if err != nil {
+		return err
+	}
+	err = errors.Join(
+		d.IfindexVRF.Put(ifindex, datapath.VRFBinding{Table: reg.Table, VPC: reg.Identity.VPC, Attachment: reg.Identity.Attachment}),
+		d.EgressKind.Put(ifindex, reg.Egress),
+		d.TenantGateway.Put(ifindex, reg.Gateway),
+	)
+	if err != nil {
+		return err
+	}
+	keep := make(map[datapath.HostPort]bool, len(reg.HostOnlyPorts))
+	for _, p := range reg.HostOnlyPorts {
+		k := datapath.HostPort{Ifindex: ifindex, Protocol: p.Protocol, Port: p.Port}
+		keep[k] = true
+		if err := d.HostOnlyPort.Put(k, true); err != nil {
+			return err
+		}
+	}
+	for _, k := range stale {
+		if !keep[k] {
+			if err := d.HostOnlyPort.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				return err
+			}
+		}
+	}
+	// The policy goes last: the program treats an interface without one as
+	// unregistered, so it never applies a policy whose other rows are missing.
+	return d.TrafficPolicy.Put(ifindex, reg.Policy)
+}
+
+func (r *Registry) linkPin(ifindex uint32) string {
+	return filepath.Join(r.dp.PinDir(), linkPinSubdir, "tcx_ingress_"+strconv.FormatUint(uint64(ifindex), 10))
+}
+
+// attach attaches the program to ifindex's TCX ingress and pins the link,
+// or, when a pinned link exists, points it at this build's program.
+func (r *Registry) attach(ifindex uint32) error {
+	pin := r.linkPin(ifindex)
+	if l, err := ciliumlink.LoadPinnedLink(pin, nil); err == nil {
+		defer l.Close()
+		if err := l.Update(r.dp.Program()); err != nil {
+			return fmt.Errorf("update tcx link %s: %w", pin, err)
+		}
+		return nil
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("load tcx link %s: %w", pin, err)
+	}
+	if err := os.MkdirAll(filepath.Dir(pin), 0o700); err != nil {
+		return fmt.Errorf("tcx link folder: %w", err)
+	}
+	var l ciliumlink.Link
+	err := netns.Do(r.ns, func() error {
+		// The kernel resolves the ifindex in the calling thread's namespace.
+		var err error
+		l, err = ciliumlink.AttachTCX(ciliumlink.TCXOptions{Interface: int(ifindex), Program: r.dp.Program(), Attach: ebpf.AttachTCXIngress})
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("attach tcx ingress: %w", err)
+	}
+	defer l.Close()
+	if err := l.Pin(pin); err != nil {
+		return fmt.Errorf("pin tcx link %s: %w", pin, err)
+	}
+	return nil
+}
+
+// detach removes the pinned TCX link of ifindex, which detaches the program.
+// A link that is not pinned is already detached.
+func (r *Registry) detach(ifindex uint32) error {
+	pin := r.linkPin(ifindex)
+	l, err := ciliumlink.LoadPinnedLink(pin, nil)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("load tcx link %s: %w", pin, err)
+	}
+	defer l.Close()
+	if err := l.Unpin(); err != nil {
+		return fmt.Errorf("unpin tcx link %s: %w", pin, err)
+	}
+	return nil
+}
+
+// UnregisterInterface removes every row keyed by ifindex in every
+// per-interface map and detaches the program. A missing row or attachment is
+// fine, so it can be repeated. It never stops at the first failure: every map
+// is tried, and the failures are returned joined, each naming its map.
+func (r *Registry) UnregisterInterface(ctx context.Context, ifindex uint32) error {
+	if ifindex == 0 {
+		return fmt.Errorf("unregister interface 0: %w", ErrInvalidRegistration)
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("unregister interface %d: %w", ifindex, err)
+	}
+	var errs []error
+	// Policy first: from then on the program drops the interface's frames
+	// as unregistered instead of applying a half-removed configuration.
+	maps := r.perInterfaceMaps()
+	for _, m := range orderPolicyFirst(maps) {
+		err := error(nil)
+		if r.deleteFault != nil {
+			err = r.deleteFault(m.name)
+		}
+		if err == nil {
+			err = m.delete(ifindex)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("map %s: %w", m.name, err))
+		}
+	}
+	if err := r.detach(ifindex); err != nil {
+		errs = append(errs, fmt.Errorf("tcx link: %w", err))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("unregister interface %d: %w", ifindex, err)
+	}
+	r.log.Info("interface unregistered", "ifindex", ifindex)
+	return nil
+}
+
+func orderPolicyFirst(maps []perInterfaceMap) []perInterfaceMap {
+	out := make([]perInterfaceMap, 0, len(maps))
+	for _, m := range maps {
+		if m.name == "traffic_policy" {
+			out = append(out, m)
+		}
+	}
+	for _, m := range maps {
+		if m.name != "traffic_policy" {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// InterfaceRows is every row of one interface, by map name, and whether the
+// program is attached.
+type InterfaceRows struct {
+	Ifindex  uint32         `json:"ifindex"`
+	Rows     map[string]any `json:"rows"`
+	Attached bool           `json:"attached"`
+}
+
+// Rows returns every row keyed by ifindex across the per-interface maps.
+func (r *Registry) Rows(ifindex uint32) (InterfaceRows, error) {
+	if ifindex == 0 {
+		return InterfaceRows{}, fmt.Errorf("rows of interface 0: %w", ErrInvalidRegistration)
+	}
+	out := InterfaceRows{Ifindex: ifindex, Rows: map[string]any{}}
+	var errs []error
+	for _, m := range r.perInterfaceMaps() {
+		v, ok, err := m.rows(ifindex)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("map %s: %w", m.name, err))
+			continue
+		}
+		if ok {
+			out.Rows[m.name] = v
+		}
+	}
+	if _, err := os.Stat(r.linkPin(ifindex)); err == nil {
+		out.Attached = true
+	}
+	return out, errors.Join(errs...)
+}
+
+// Dump returns up to limit rows of the map called name (limit <= 0: all);
+// an unknown name is datapath.ErrUnknownMap.
+func (r *Registry) Dump(name string, limit int) ([]datapath.Row[any, any], error) {
+	t, err := r.dp.Table(name)
+	if err != nil {
+		return nil, err
+	}
+	return t.DumpAny(limit)
+}
+
+// PerInterfaceMaps names the maps that hold rows of one interface.
+func (r *Registry) PerInterfaceMaps() []string {
+	var names []string
+	for _, m := range r.perInterfaceMaps() {
+		names = append(names, m.name)
+	}
+	return names
+}
