@@ -1,0 +1,73 @@
+package reclaim
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Failure stages, the values of the stage label.
+const (
+	StageLock   = "lock"   // the VRF lock could not be taken in time
+	StageVerify = "verify" // the link could not be read again
+	StageRows   = "rows"   // attachreg.UnregisterInterface failed
+	StageLink   = "link"   // the link could not be grouped or deleted
+)
+
+// Pass results, the values of the result label.
+const (
+	ResultCompleted = "completed" // the pass ran to the end, removals or not
+	ResultSkipped   = "skipped"   // inputs were not trustworthy: nothing removed
+	ResultFailed    = "failed"    // the links could not be read
+)
+
+// Metrics are the reclaim's Prometheus metrics.
+type Metrics struct {
+	pending      prometheus.Gauge
+	reclaimed    prometheus.Counter
+	failures     *prometheus.CounterVec
+	passes       *prometheus.CounterVec
+	passDuration prometheus.Histogram
+	lastPass     prometheus.Gauge
+}
+
+// NewMetrics creates the metrics and registers them on reg.
+func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+	m := &Metrics{
+		pending: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "galactic_cni_stale_taps_pending",
+			Help: "Stale tap candidates awaiting confirmation by the next pass. Stuck above 0 means removals are failing or rolling over.",
+		}),
+		reclaimed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "galactic_cni_stale_taps_reclaimed_total",
+			Help: "Stale taps removed, with their eBPF rows and routes.",
+		}),
+		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "galactic_cni_stale_tap_reclaim_failures_total",
+			Help: "Confirmed stale taps that could not be removed, by the stage that failed; they are retried by a later pass.",
+		}, []string{"stage"}),
+		passes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "galactic_cni_stale_tap_passes_total",
+			Help: "Reclaim passes, by result: completed, skipped (inputs not trustworthy, nothing removed), failed.",
+		}, []string{"result"}),
+		passDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "galactic_cni_stale_tap_pass_duration_seconds",
+			Help:    "Duration of reclaim passes.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 4, 10),
+		}),
+		lastPass: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "galactic_cni_stale_tap_last_completed_pass_timestamp_seconds",
+			Help: "Unix time at which the last completed reclaim pass finished.",
+		}),
+	}
+	for _, s := range []string{StageLock, StageVerify, StageRows, StageLink} {
+		m.failures.WithLabelValues(s)
+	}
+	for _, r := range []string{ResultCompleted, ResultSkipped, ResultFailed} {
+		m.passes.WithLabelValues(r)
+	}
+	for _, c := range []prometheus.Collector{m.pending, m.reclaimed, m.failures, m.passes, m.passDuration, m.lastPass} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}

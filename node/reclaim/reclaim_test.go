@@ -1,0 +1,261 @@
+package reclaim
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/datum-cloud/galactic-node/node/identity"
+	"github.com/datum-cloud/galactic-node/node/inventory"
+	"github.com/datum-cloud/galactic-node/node/link"
+)
+
+var (
+	live  = identity.Identity{VPC: 62, Attachment: 1}
+	stale = identity.Identity{VPC: 62, Attachment: 2}
+)
+
+// liveInventory is a healthy inventory where one attachment carries live.
+func liveInventory(extra ...inventory.Object) *inventory.Static {
+	objs := append([]inventory.Object{inventory.AttachmentObject("ns", "att-live", live.VPC.Base62(), live.Attachment.Base62())}, extra...)
+	return &inventory.Static{Objects: objs, Synced: true}
+}
+
+type harness struct {
+	links *fakeLinks
+	inv   inventory.Source
+	reg   *fakeRegistry
+	lock  *fakeLocker
+	r     *Reclaimer
+}
+
+func newHarness(inv inventory.Source, cfg Config) *harness {
+	h := &harness{links: newFakeLinks(), inv: inv, reg: &fakeRegistry{}, lock: &fakeLocker{}}
+	cfg.LockTimeout = 50 * time.Millisecond
+	h.r = New(h.links, inventoryFunc(func(ctx context.Context) inventory.Snapshot { return h.inv.Snapshot(ctx) }), h.reg, h.lock, nil, nil, cfg)
+	return h
+}
+
+type inventoryFunc func(context.Context) inventory.Snapshot
+
+func (f inventoryFunc) Snapshot(ctx context.Context) inventory.Snapshot { return f(ctx) }
+
+func (h *harness) pass(t *testing.T) Report {
+	t.Helper()
+	return h.r.Pass(context.Background(), PassOptions{})
+}
+
+func TestAStaleTapIsRemovedOnlyByTheSecondPass(t *testing.T) {
+	h := newHarness(liveInventory(), Config{})
+	idx := h.links.addTap(stale, "sandbox-2", 0, 0)
+	rep := h.pass(t)
+	if !h.links.has(idx) || len(rep.Candidates) != 1 || len(rep.Reclaimed) != 0 {
+		t.Fatalf("pass 1: %+v; want the tap a candidate, kept", rep)
+	}
+	rep = h.pass(t)
+	if h.links.has(idx) || len(rep.Reclaimed) != 1 || len(h.reg.unregistered) != 1 || h.reg.unregistered[0] != idx {
+		t.Fatalf("pass 2: %+v; want the tap and its rows removed", rep)
+	}
+	if p := h.r.Pending(); len(p) != 0 {
+		t.Fatalf("pending after reclaim: %+v", p)
+	}
+}
+
+// Guards the Held() check of candidate selection.
+func TestAHeldTapIsNeverACandidate(t *testing.T) {
+	h := newHarness(liveInventory(), Config{})
+	h.links.addTap(stale, "sandbox-2", 1, 0)
+	h.links.addTap(identity.Identity{VPC: 62, Attachment: 3}, "sandbox-3", 0, 1) // only a detached queue
+	for range 3 {
+		if rep := h.pass(t); len(rep.Candidates) != 0 || len(rep.Reclaimed) != 0 {
+			t.Fatalf("held taps became candidates: %+v", rep)
+		}
+	}
+}
+
+// Guards the Held() check of the recheck under the VRF lock.
+func TestATapHeldAtRecheckIsKept(t *testing.T) {
+	h := newHarness(liveInventory(), Config{})
+	idx := h.links.addTap(stale, "sandbox-2", 0, 0)
+	h.pass(t)
+	h.links.onVerify = func(f *fakeLinks, i uint32) {
+		f.update(i, func(l *link.Link) { *l.Tun.NumQueues = 1; *l.Carrier = true })
+	}
+	rep := h.pass(t)
+	if !h.links.has(idx) || len(rep.Kept) != 1 || len(h.reg.unregistered) != 0 {
+		t.Fatalf("tap held at recheck: %+v, unregistered %v", rep, h.reg.unregistered)
+	}
+}
+
+// Guards the inventory check of candidate selection, for attachments and
+// advertisements alike.
+func TestALiveIdentityIsNeverACandidate(t *testing.T) {
+	other := identity.Identity{VPC: 99, Attachment: 7}
+	h := newHarness(liveInventory(inventory.AdvertisementObject("node-b", other.AdvertisementName())), Config{})
+	h.links.addTap(live, "sandbox-1", 0, 0)
+	h.links.addTap(other, "sandbox-x", 0, 0)
+	for range 3 {
+		if rep := h.pass(t); len(rep.Candidates) != 0 {
+			t.Fatalf("live identities became candidates: %+v", rep.Candidates)
+		}
+	}
+}
+
+// Guards the fresh-snapshot check of the recheck.
+func TestAnIdentityThatComesAliveBeforeRemovalIsKept(t *testing.T) {
+	inv := liveInventory()
+	h := newHarness(inv, Config{})
+	idx := h.links.addTap(stale, "sandbox-2", 0, 0)
+	h.pass(t)
+	h.links.onVerify = func(*fakeLinks, uint32) {
+		inv.Objects = append(inv.Objects, inventory.AttachmentObject("ns", "att-2", stale.VPC.Base62(), stale.Attachment.Base62()))
+	}
+	if rep := h.pass(t); !h.links.has(idx) || len(rep.Kept) != 1 {
+		t.Fatalf("identity live at recheck: %+v", rep)
+	}
+}
+
+// Guards the confirmation rule: same ifindex, name and stamp.
+func TestARecreatedOrRestampedTapIsNotConfirmed(t *testing.T) {
+	h := newHarness(liveInventory(), Config{})
+	idx := h.links.addTap(stale, "sandbox-2", 0, 0)
+	h.pass(t)
+	h.links.remove(idx)
+	idx2 := h.links.addTap(stale, "sandbox-2", 0, 0) // same name, new ifindex
+	if rep := h.pass(t); !h.links.has(idx2) || len(rep.Confirmed) != 0 {
+		t.Fatalf("re-created tap: %+v", rep)
+	}
+	h.links.update(idx2, func(l *link.Link) { l.Alias = "sandbox-new" })
+	if rep := h.pass(t); !h.links.has(idx2) || len(rep.Confirmed) != 0 {
+		t.Fatalf("restamped tap: %+v", rep)
+	}
+	if rep := h.pass(t); h.links.has(idx2) || len(rep.Reclaimed) != 1 {
+		t.Fatalf("a tap stale for two passes with one stamp must go: %+v", rep)
+	}
+}
+
+func TestAnUnstampedTapOrANonTenantLinkIsNeverTouched(t *testing.T) {
+	h := newHarness(liveInventory(), Config{})
+	h.links.addTap(stale, "", 0, 0)
+	idx := h.links.addTap(identity.Identity{VPC: 62, Attachment: 9}, "x", 0, 0)
+	h.links.update(idx, func(l *link.Link) { l.Name = "eth0" })
+	for range 3 {
+		if rep := h.pass(t); len(rep.Candidates) != 0 {
+			t.Fatalf("candidates: %+v", rep.Candidates)
+		}
+	}
+}
+
+// Guards the health check: each unhealthy input removes nothing and forgets
+// every candidate, so the next healthy pass only marks.
+func TestUntrustworthyInventoryRemovesNothingAndForgets(t *testing.T) {
+	for name, bad := range map[string]*inventory.Static{
+		"not synced":      {Objects: liveInventory().Objects, Synced: false},
+		"read error":      {Objects: liveInventory().Objects, Synced: true, Err: errInjected},
+		"no attachment":   {Synced: true, Objects: []inventory.Object{inventory.AdvertisementObject("n", "3e-41")}},
+		"empty inventory": {Synced: true},
+	} {
+		t.Run(name, func(t *testing.T) {
+			h := newHarness(liveInventory(), Config{})
+			idx := h.links.addTap(stale, "sandbox-2", 0, 0)
+			h.pass(t)
+			h.inv = bad
+			if rep := h.pass(t); rep.Result != ResultSkipped || !h.links.has(idx) || rep.Reason == "" {
+				t.Fatalf("unhealthy pass: %+v", rep)
+			}
+			h.inv = liveInventory()
+			if rep := h.pass(t); !h.links.has(idx) || len(rep.Confirmed) != 0 {
+				t.Fatalf("the first healthy pass after an unhealthy one must only mark: %+v", rep)
+			}
+			if rep := h.pass(t); h.links.has(idx) || len(rep.Reclaimed) != 1 {
+				t.Fatalf("then the next removes: %+v", rep)
+			}
+		})
+	}
+}
+
+func TestARowsFailureKeepsTheTapAndCountsItsStage(t *testing.T) {
+	h := newHarness(liveInventory(), Config{})
+	idx := h.links.addTap(stale, "sandbox-2", 0, 0)
+	h.pass(t)
+	h.reg.fail = errInjected
+	rep := h.pass(t)
+	if !h.links.has(idx) || len(rep.Failed) != 1 || rep.Failed[0].Stage != StageRows {
+		t.Fatalf("rows failure: %+v", rep)
+	}
+	h.reg.fail = nil
+	if rep := h.pass(t); h.links.has(idx) || len(rep.Reclaimed) != 1 {
+		t.Fatalf("after the fault: %+v", rep)
+	}
+}
+
+// Guards the lock: a tap whose VRF lock another holds is never deleted.
+func TestATapWhoseVRFLockIsHeldIsKept(t *testing.T) {
+	h := newHarness(liveInventory(), Config{})
+	idx := h.links.addTap(stale, "sandbox-2", 0, 0)
+	h.pass(t)
+	h.lock.busy = map[identity.VPC]bool{stale.VPC: true}
+	rep := h.pass(t)
+	if !h.links.has(idx) || len(rep.Failed) != 1 || rep.Failed[0].Stage != StageLock {
+		t.Fatalf("locked VRF: %+v", rep)
+	}
+}
+
+// Guards the group check: a link this pass did not verify, found in the
+// reserved group, stops the delete.
+func TestAForeignLinkInTheGroupStopsTheDelete(t *testing.T) {
+	h := newHarness(liveInventory(), Config{})
+	idx := h.links.addTap(stale, "sandbox-2", 0, 0)
+	bystander := h.links.addTap(live, "sandbox-1", 1, 0)
+	h.pass(t)
+	orig := h.links
+	wrapped := &groupJoiner{fakeLinks: orig, joiner: bystander}
+	h.r.links = wrapped
+	rep := h.pass(t)
+	if !orig.has(idx) || !orig.has(bystander) || len(rep.Reclaimed) != 0 || len(rep.Failed) != 1 {
+		t.Fatalf("foreign group member: %+v", rep)
+	}
+}
+
+// groupJoiner moves another link into any group a tap is moved into.
+type groupJoiner struct {
+	*fakeLinks
+	joiner uint32
+}
+
+func (g *groupJoiner) Set(ctx context.Context, index uint32, ch link.Change) error {
+	if err := g.fakeLinks.Set(ctx, index, ch); err != nil {
+		return err
+	}
+	if ch.Group != nil && *ch.Group != 0 {
+		return g.fakeLinks.Set(ctx, g.joiner, ch)
+	}
+	return nil
+}
+
+func TestRemovalsPerPassAreCappedAndRollOver(t *testing.T) {
+	h := newHarness(liveInventory(), Config{MaxReclaimsPerPass: 2})
+	for i := range 5 {
+		h.links.addTap(identity.Identity{VPC: 70, Attachment: identity.Attachment(i)}, "s", 0, 0)
+	}
+	h.pass(t)
+	rep := h.pass(t)
+	if len(rep.Reclaimed) != 2 || rep.RolledOver != 3 {
+		t.Fatalf("capped pass: reclaimed %d rolled over %d", len(rep.Reclaimed), rep.RolledOver)
+	}
+	h.pass(t)
+	rep = h.pass(t)
+	if len(rep.Reclaimed) != 1 || rep.RolledOver != 0 {
+		t.Fatalf("last pass: reclaimed %d rolled over %d", len(rep.Reclaimed), rep.RolledOver)
+	}
+}
+
+func TestADryRunRemovesNothing(t *testing.T) {
+	h := newHarness(liveInventory(), Config{})
+	idx := h.links.addTap(stale, "sandbox-2", 0, 0)
+	h.r.Pass(context.Background(), PassOptions{DryRun: true})
+	rep := h.r.Pass(context.Background(), PassOptions{DryRun: true})
+	if !h.links.has(idx) || len(rep.WouldReclaim) != 1 || len(h.reg.unregistered) != 0 {
+		t.Fatalf("dry run: %+v", rep)
+	}
+}

@@ -1,0 +1,111 @@
+package reclaim
+
+import (
+	"log/slog"
+	"time"
+
+	"github.com/datum-cloud/galactic-node/node/identity"
+)
+
+// Report is what one pass read, decided and did.
+type Report struct {
+	Started  time.Time `json:"started"`
+	Finished time.Time `json:"finished"`
+	DryRun   bool      `json:"dryRun"`
+	Result   string    `json:"result"`
+	// Reason says why the pass removed nothing, when it was skipped or failed.
+	Reason string `json:"reason,omitempty"`
+	Inputs Inputs `json:"inputs"`
+
+	Candidates   []CandidateReport `json:"candidates"`
+	Confirmed    []TapRef          `json:"confirmed"`
+	WouldReclaim []TapRef          `json:"wouldReclaim,omitempty"`
+	Reclaimed    []TapRef          `json:"reclaimed"`
+	Kept         []Kept            `json:"kept"`
+	Failed       []Failure         `json:"failed"`
+	RolledOver   int               `json:"rolledOver"`
+}
+
+// Inputs counts what a pass read.
+type Inputs struct {
+	Links          int      `json:"links"`
+	TenantTaps     int      `json:"tenantTaps"`
+	StampedTaps    int      `json:"stampedTaps"`
+	Identities     int      `json:"identities"`
+	Attachments    int      `json:"attachments"`
+	Advertisements int      `json:"advertisements"`
+	Malformed      []string `json:"malformed,omitempty"`
+}
+
+// TapRef names a tap as a pass saw it.
+type TapRef struct {
+	Name     string            `json:"name"`
+	Ifindex  uint32            `json:"ifindex"`
+	Owner    string            `json:"owner"`
+	Identity identity.Identity `json:"identity"`
+}
+
+// CandidateReport is one candidate and why it is one.
+type CandidateReport struct {
+	Tap       TapRef    `json:"tap"`
+	FirstSeen time.Time `json:"firstSeen"`
+	Passes    int       `json:"passes"`
+	Why       string    `json:"why"`
+}
+
+// Kept is a confirmed tap the recheck kept, and why.
+type Kept struct {
+	Tap TapRef `json:"tap"`
+	Why string `json:"why"`
+}
+
+// Failure is a confirmed tap whose removal failed at a stage; it is kept and
+// retried by a later pass.
+type Failure struct {
+	Tap   TapRef `json:"tap"`
+	Stage string `json:"stage"`
+	Error string `json:"error"`
+}
+
+func tapRef(c candidate) TapRef {
+	return TapRef{Name: c.expect.Name, Ifindex: c.expect.Index, Owner: c.expect.Alias, Identity: c.identity}
+}
+
+func (rep *Report) keep(log *slog.Logger, c candidate, why string) {
+	rep.Kept = append(rep.Kept, Kept{Tap: tapRef(c), Why: why})
+	log.Info("stale tap kept", "tap", c.expect.Name, "ifindex", c.expect.Index, "owner", c.expect.Alias, "why", why)
+}
+
+func (rep *Report) fail(log *slog.Logger, c candidate, stage string, err error) {
+	rep.Failed = append(rep.Failed, Failure{Tap: tapRef(c), Stage: stage, Error: err.Error()})
+	log.Warn("stale tap removal failed, kept for a later pass", "tap", c.expect.Name, "ifindex", c.expect.Index, "stage", stage, "error", err)
+}
+
+// Pending is a candidate awaiting confirmation, for views.
+type Pending struct {
+	Tap       TapRef    `json:"tap"`
+	FirstSeen time.Time `json:"firstSeen"`
+	Passes    int       `json:"passes"`
+}
+
+// Pending returns the candidates the next pass will confirm against.
+func (r *Reclaimer) Pending() []Pending {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]Pending, 0, len(r.candidates))
+	for _, c := range r.candidates {
+		out = append(out, Pending{Tap: tapRef(c), FirstSeen: c.firstSeen, Passes: c.passes})
+	}
+	return out
+}
+
+// Reports returns the kept pass reports, newest first.
+func (r *Reclaimer) Reports() []Report {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]Report, len(r.history))
+	for i, rep := range r.history {
+		out[len(r.history)-1-i] = rep
+	}
+	return out
+}
