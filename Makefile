@@ -10,7 +10,7 @@ FUZZTIME        ?= 10s
 BENCHTIME       ?= 20x
 PKGS            := ./...
 
-.PHONY: all build test test-unit test-privileged fuzz bench lint fmt-check vet generate
+.PHONY: all build test test-unit test-privileged testbin fuzz bench lint fmt-check vet generate
 
 all: build
 
@@ -19,9 +19,13 @@ build:
 
 test: fmt-check vet test-privileged fuzz
 
-test-privileged:
+# The real kube-apiserver and etcd, built once per machine (hack/testbin.sh).
+testbin:
+	@hack/testbin.sh >/dev/null
+
+test-privileged: testbin
 	@if [ "$$(id -u)" != 0 ]; then echo "make test runs privileged tests: run it as root (sudo make test), or use make test-unit"; exit 1; fi
-	$(GO) test -race -count=1 $(PKGS)
+	KUBEBUILDER_ASSETS=$$(hack/testbin.sh) $(GO) test -race -count=1 -timeout 30m $(PKGS)
 
 test-unit:
 	GALACTIC_SKIP_PRIVILEGED=1 $(GO) test -count=1 $(PKGS)
@@ -30,8 +34,8 @@ test-unit:
 fuzz:
 	$(GO) test -run='^$$' -fuzz='^FuzzTenantName$$' -fuzztime=$(FUZZTIME) ./node/identity
 
-bench:
-	$(GO) test -run='^$$' -bench=. -benchtime=$(BENCHTIME) -count=3 $(PKGS)
+bench: testbin
+	KUBEBUILDER_ASSETS=$$(hack/testbin.sh) $(GO) test -run='^$$' -bench=. -benchtime=$(BENCHTIME) -count=3 $(PKGS)
 
 lint: fmt-check vet
 	$(GO) run $(GOLANGCI_LINT) run $(PKGS)

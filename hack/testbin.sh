@@ -68,9 +68,10 @@ GO
 		grep -E '^\s*k8s\.io/[^ ]+ => \./staging' "$gomod" |
 			awk -v v="v$STAGING_VERSION" '{print "replace " $1 " => " $1 " " v}'
 	} >"$dir/go.mod"
+	local minor=${K8S_VERSION#1.}
+	minor=${minor%%.*}
 	local ldflags="-X k8s.io/component-base/version.gitVersion=v$K8S_VERSION"
-	ldflags+=" -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=${K8S_VERSION#1.}"
-	ldflags="${ldflags%.*}"
+	ldflags+=" -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor"
 	(cd "$dir" && go mod tidy >&2 &&
 		go build -ldflags "$ldflags" -o "$OUT/kube-apiserver.tmp" . && mv "$OUT/kube-apiserver.tmp" "$OUT/kube-apiserver")
 }
