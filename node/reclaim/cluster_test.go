@@ -41,7 +41,9 @@ const table = 1062
 // inventory is healthy; stale identities are carried by nothing.
 var live = identity.Identity{VPC: 62, Attachment: 1}
 
-func staleID(n int) identity.Identity { return identity.Identity{VPC: 62, Attachment: identity.Attachment(100 + n)} }
+func staleID(n int) identity.Identity {
+	return identity.Identity{VPC: 62, Attachment: identity.Attachment(100 + n)}
+}
 
 // faultRegistry wraps the real attachreg.Registry. It is a fault seam: a
 // real map delete cannot be made to fail on demand, so a test sets fail.
