@@ -171,7 +171,7 @@ type cachedObject struct {
 
 func (o *cachedObject) DeepCopyObject() runtime.Object {
 	c := *o
-	c.ObjectMeta = *o.ObjectMeta.DeepCopy()
+	c.ObjectMeta = *o.DeepCopy()
 	c.Object.Identities = append(c.Object.Identities[:0:0], o.Object.Identities...)
 	return &c
 }

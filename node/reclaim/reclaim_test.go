@@ -259,3 +259,23 @@ func TestADryRunRemovesNothing(t *testing.T) {
 		t.Fatalf("dry run: %+v", rep)
 	}
 }
+
+func TestRunPassesOnItsIntervalAndNotAtZero(t *testing.T) {
+	h := newHarness(liveInventory(), Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	h.r.Run(ctx, 0)
+	if n := len(h.r.Reports()); n != 0 {
+		t.Fatalf("interval 0 ran %d passes; want only forced ones", n)
+	}
+	ctx, cancel = context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	h.r.Run(ctx, 20*time.Millisecond)
+	reports := h.r.Reports()
+	if len(reports) < 2 {
+		t.Fatalf("interval 20ms ran %d passes in 300ms", len(reports))
+	}
+	if !reports[0].Started.After(reports[len(reports)-1].Started) {
+		t.Fatal("Reports are not newest first")
+	}
+}
