@@ -9,13 +9,19 @@ GOLANGCI_LINT   ?= github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.15.
 FUZZTIME        ?= 10s
 BENCHTIME       ?= 20x
 PKGS            := ./...
+VERSION         ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: all build test test-unit test-privileged testbin fuzz bench lint fmt-check vet generate
+.PHONY: demo all build test test-unit test-privileged testbin fuzz bench lint fmt-check vet generate
 
 all: build
 
 build:
 	$(GO) build $(PKGS)
+	$(GO) build -ldflags "-X main.version=$(VERSION)" -o bin/galactic-node ./cmd/galactic-node
+
+# The README's first command: the whole job in a private network namespace.
+demo: build
+	hack/demo.sh
 
 test: fmt-check vet test-privileged fuzz
 

@@ -50,6 +50,9 @@ type Locker interface {
 
 // Config tunes a Reclaimer.
 type Config struct {
+	// DryRun makes every pass a dry run, forced or periodic: the mode to
+	// roll a node out in before letting it remove anything.
+	DryRun bool
 	// MaxReclaimsPerPass caps removals per pass; confirmed taps beyond it
 	// roll over to the next pass. 0 means no cap.
 	MaxReclaimsPerPass int
@@ -130,6 +133,7 @@ type PassOptions struct {
 func (r *Reclaimer) Pass(ctx context.Context, opts PassOptions) Report {
 	r.passMu.Lock()
 	defer r.passMu.Unlock()
+	opts.DryRun = opts.DryRun || r.cfg.DryRun
 	rep := r.pass(ctx, opts)
 	rep.Finished = time.Now()
 	r.record(rep)

@@ -1,0 +1,393 @@
+// Package admin serves the node daemon's authenticated HTTP admin API:
+// operators list taps and pending candidates, force a pass, and read eBPF
+// rows. It knows HTTP and nothing of netlink; the node is a Backend.
+//
+// Every route but /healthz and /readyz needs "Authorization: Bearer
+// <token>": a token from the token file (role read or admin), or, with
+// delegated auth, one the API server authenticates and authorises. Tokens in
+// the query string are refused; tokens are never logged.
+package admin
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/datum-cloud/galactic-node/ebpf/datapath"
+	"github.com/datum-cloud/galactic-node/node/agent"
+	"github.com/datum-cloud/galactic-node/node/attachreg"
+	"github.com/datum-cloud/galactic-node/node/reclaim"
+)
+
+// Backend is the node as the admin API sees it; *agent.Agent implements it.
+type Backend interface {
+	Ready(ctx context.Context) error
+	Taps(ctx context.Context) ([]agent.TapView, error)
+	Pending() []reclaim.Pending
+	ForcePass(ctx context.Context, dryRun bool) reclaim.Report
+	Reports() []reclaim.Report
+	Maps() ([]agent.MapView, error)
+	MapRows(name string, ifindex uint32, limit int) ([]datapath.Row[any, any], error)
+	InterfaceRows(ifindex uint32) (attachreg.InterfaceRows, error)
+}
+
+// Config configures the handler.
+type Config struct {
+	Tokens *TokenFile // may be nil when Kube is set
+	Kube   *KubeAuth  // delegated auth; nil disables it
+	// ForcesPerMinute bounds POST /v1/passes; beyond it callers get 429.
+	// 0 means the default, 6.
+	ForcesPerMinute int
+	// MaxBodyBytes bounds request bodies (413 beyond). 0 means 4 KiB.
+	MaxBodyBytes int64
+	Log          *slog.Logger
+}
+
+const (
+	defaultLimit = 100
+	maxLimit     = 10000
+)
+
+type handler struct {
+	b      Backend
+	cfg    Config
+	log    *slog.Logger
+	forces *window
+}
+
+// NewHandler returns the admin API's routes.
+func NewHandler(b Backend, cfg Config) http.Handler {
+	if cfg.ForcesPerMinute <= 0 {
+		cfg.ForcesPerMinute = 6
+	}
+	if cfg.MaxBodyBytes <= 0 {
+		cfg.MaxBodyBytes = 4 << 10
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	h := &handler{b: b, cfg: cfg, log: cfg.Log, forces: &window{limit: cfg.ForcesPerMinute, span: time.Minute}}
+	r := chi.NewRouter()
+	r.Use(h.accessLog, h.limitBody)
+	r.NotFound(func(w http.ResponseWriter, r *http.Request) { writeError(w, r, http.StatusNotFound, "no such route") })
+	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, r, http.StatusMethodNotAllowed, r.Method+" is not allowed here")
+	})
+	r.Get("/healthz", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, r, http.StatusOK, map[string]string{"status": "ok"}) })
+	r.Get("/readyz", h.readyz)
+	r.Route("/v1", func(r chi.Router) {
+		r.Group(func(r chi.Router) {
+			r.Use(h.authorize(RoleRead, "get"))
+			r.Get("/taps", h.taps)
+			r.Get("/taps/pending", h.pending)
+			r.Get("/passes", h.passes)
+			r.Get("/passes/last", h.lastPass)
+			r.Get("/ebpf/maps", h.maps)
+			r.Get("/ebpf/maps/{name}", h.mapRows)
+			r.Get("/ebpf/interfaces/{ifindex}", h.interfaceRows)
+		})
+		r.With(h.authorize(RoleAdmin, "create")).Post("/passes", h.force)
+	})
+	return r
+}
+
+// NewServer wraps h in an http.Server whose timeouts cut off slow clients:
+// a client that never finishes its headers is dropped after 5 s. Writes may
+// take up to 2 min, the bound of a forced pass waiting for one in flight.
+func NewServer(h http.Handler, log *slog.Logger) *http.Server {
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       10 * time.Second,
+		WriteTimeout:      2 * time.Minute,
+		IdleTimeout:       time.Minute,
+		MaxHeaderBytes:    16 << 10,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+}
+
+type principalKey struct{}
+
+// authorize admits callers whose token grants need (static tokens) or whose
+// delegated review allows verb.
+func (h *handler) authorize(need Role, verb string) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			q := r.URL.Query()
+			for _, k := range []string{"token", "access_token", "bearer", "auth"} {
+				if q.Has(k) {
+					writeError(w, r, http.StatusBadRequest, "tokens are accepted only in the Authorization header, never in the URL")
+					return
+				}
+			}
+			token, ok := bearer(r)
+			if !ok {
+				w.Header().Set("WWW-Authenticate", `Bearer realm="galactic-node"`)
+				writeError(w, r, http.StatusUnauthorized, "missing bearer token")
+				return
+			}
+			principal := ""
+			switch role := h.cfg.Tokens.Lookup(token); {
+			case role >= need:
+				principal = "token:" + role.String()
+			case role != RoleNone:
+				writeError(w, r, http.StatusForbidden, fmt.Sprintf("a %s token cannot %s this", role, verb))
+				return
+			case h.cfg.Kube != nil:
+				user, allowed, err := h.cfg.Kube.Review(r.Context(), token, verb)
+				switch {
+				case err != nil:
+					h.log.Warn("delegated auth failed", "error", err)
+					writeError(w, r, http.StatusServiceUnavailable, "delegated authentication unavailable")
+					return
+				case user == "":
+					w.Header().Set("WWW-Authenticate", `Bearer realm="galactic-node"`)
+					writeError(w, r, http.StatusUnauthorized, "invalid bearer token")
+					return
+				case !allowed:
+					writeError(w, r, http.StatusForbidden, fmt.Sprintf("%s may not %s %s.%s", user, verb, KubeAuthResource, KubeAuthGroup))
+					return
+				}
+				principal = "kube:" + user
+			default:
+				w.Header().Set("WWW-Authenticate", `Bearer realm="galactic-node"`)
+				writeError(w, r, http.StatusUnauthorized, "invalid bearer token")
+				return
+			}
+			if p, ok := r.Context().Value(principalKey{}).(*string); ok {
+				*p = principal
+			}
+			next.ServeHTTP(w, r)
+		})
+	}
+}
+
+func bearer(r *http.Request) (string, bool) {
+	scheme, token, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") || strings.TrimSpace(token) == "" {
+		return "", false
+	}
+	return strings.TrimSpace(token), true
+}
+
+// accessLog logs each request: method, path (never the query, which a
+// careless client may have put a token in), status, duration and who.
+func (h *handler) accessLog(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		principal := "anonymous"
+		r = r.WithContext(context.WithValue(r.Context(), principalKey{}, &principal))
+		sw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
+		next.ServeHTTP(sw, r)
+		h.log.Info("admin request", "method", r.Method, "path", r.URL.Path, "status", sw.status,
+			"duration", time.Since(start).Round(time.Microsecond), "principal", principal)
+	})
+}
+
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (s *statusWriter) WriteHeader(code int) {
+	s.status = code
+	s.ResponseWriter.WriteHeader(code)
+}
+
+func (h *handler) limitBody(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ContentLength > h.cfg.MaxBodyBytes {
+			writeError(w, r, http.StatusRequestEntityTooLarge, fmt.Sprintf("body larger than %d bytes", h.cfg.MaxBodyBytes))
+			return
+		}
+		r.Body = http.MaxBytesReader(w, r.Body, h.cfg.MaxBodyBytes)
+		next.ServeHTTP(w, r)
+	})
+}
+
+func (h *handler) readyz(w http.ResponseWriter, r *http.Request) {
+	if err := h.b.Ready(r.Context()); err != nil {
+		writeError(w, r, http.StatusServiceUnavailable, "not ready: "+err.Error())
+		return
+	}
+	writeJSON(w, r, http.StatusOK, map[string]string{"status": "ready"})
+}
+
+func (h *handler) taps(w http.ResponseWriter, r *http.Request) {
+	taps, err := h.b.Taps(r.Context())
+	if err != nil {
+		writeError(w, r, http.StatusInternalServerError, err.Error())
+		return
+	}
+	writeJSON(w, r, http.StatusOK, tapRows(taps))
+}
+
+func (h *handler) pending(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, r, http.StatusOK, pendingRows(h.b.Pending()))
+}
+
+func (h *handler) passes(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, r, http.StatusOK, reportRows(h.b.Reports()))
+}
+
+func (h *handler) lastPass(w http.ResponseWriter, r *http.Request) {
+	reports := h.b.Reports()
+	if len(reports) == 0 {
+		writeError(w, r, http.StatusNotFound, "no pass has run yet")
+		return
+	}
+	writeJSON(w, r, http.StatusOK, reports[0])
+}
+
+func (h *handler) force(w http.ResponseWriter, r *http.Request) {
+	dryRun := false
+	if v := r.URL.Query().Get("dryRun"); v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			writeError(w, r, http.StatusBadRequest, "dryRun must be true or false")
+			return
+		}
+		dryRun = b
+	}
+	// The body is optional and ignored, but read so that an oversized one
+	// is refused rather than silently dropped.
+	if _, err := readAll(r); err != nil {
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			writeError(w, r, http.StatusRequestEntityTooLarge, fmt.Sprintf("body larger than %d bytes", tooLarge.Limit))
+			return
+		}
+		writeError(w, r, http.StatusBadRequest, "unreadable body")
+		return
+	}
+	if retry, ok := h.forces.allow(time.Now()); !ok {
+		w.Header().Set("Retry-After", strconv.Itoa(int(retry.Seconds())+1))
+		writeError(w, r, http.StatusTooManyRequests, fmt.Sprintf("more than %d forced passes a minute", h.cfg.ForcesPerMinute))
+		return
+	}
+	h.log.Info("pass forced", "dry_run", dryRun)
+	writeJSON(w, r, http.StatusOK, h.b.ForcePass(r.Context(), dryRun))
+}
+
+func (h *handler) maps(w http.ResponseWriter, r *http.Request) {
+	maps, err := h.b.Maps()
+	if err != nil {
+		writeError(w, r, http.StatusInternalServerError, err.Error())
+		return
+	}
+	writeJSON(w, r, http.StatusOK, mapRows(maps))
+}
+
+func (h *handler) mapRows(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	var ifindex uint32
+	if v := q.Get("ifindex"); v != "" {
+		n, err := parseIfindex(v)
+		if err != nil {
+			writeError(w, r, http.StatusBadRequest, err.Error())
+			return
+		}
+		ifindex = n
+	}
+	limit := defaultLimit
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > maxLimit {
+			writeError(w, r, http.StatusBadRequest, fmt.Sprintf("limit must be a number from 1 to %d", maxLimit))
+			return
+		}
+		limit = n
+	}
+	rows, err := h.b.MapRows(chi.URLParam(r, "name"), ifindex, limit)
+	switch {
+	case errors.Is(err, datapath.ErrUnknownMap):
+		writeError(w, r, http.StatusNotFound, err.Error())
+	case errors.Is(err, agent.ErrNotKeyedByInterface):
+		writeError(w, r, http.StatusBadRequest, err.Error())
+	case err != nil:
+		writeError(w, r, http.StatusInternalServerError, err.Error())
+	default:
+		writeJSON(w, r, http.StatusOK, rowRows(rows))
+	}
+}
+
+func (h *handler) interfaceRows(w http.ResponseWriter, r *http.Request) {
+	ifindex, err := parseIfindex(chi.URLParam(r, "ifindex"))
+	if err != nil {
+		writeError(w, r, http.StatusBadRequest, err.Error())
+		return
+	}
+	rows, err := h.b.InterfaceRows(ifindex)
+	if err != nil {
+		writeError(w, r, http.StatusInternalServerError, err.Error())
+		return
+	}
+	writeJSON(w, r, http.StatusOK, rows)
+}
+
+func parseIfindex(s string) (uint32, error) {
+	n, err := strconv.ParseUint(s, 10, 32)
+	if err != nil || n == 0 {
+		return 0, fmt.Errorf("ifindex %q: want a positive number", s)
+	}
+	return uint32(n), nil
+}
+
+// window is a sliding-window rate limit.
+type window struct {
+	mu    sync.Mutex
+	limit int
+	span  time.Duration
+	times []time.Time
+}
+
+func (w *window) allow(now time.Time) (retryAfter time.Duration, ok bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	cut := 0
+	for cut < len(w.times) && now.Sub(w.times[cut]) >= w.span {
+		cut++
+	}
+	w.times = w.times[cut:]
+	if len(w.times) >= w.limit {
+		return w.span - now.Sub(w.times[0]), false
+	}
+	w.times = append(w.times, now)
+	return 0, true
+}
+
+func writeError(w http.ResponseWriter, r *http.Request, status int, msg string) {
+	writeJSON(w, r, status, errorBody{Error: msg})
+}
+
+type errorBody struct {
+	Error string `json:"error"`
+}
+
+func writeJSON(w http.ResponseWriter, r *http.Request, status int, v any) {
+	if wantsText(r) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.WriteHeader(status)
+		writeText(w, v)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}
+
+func wantsText(r *http.Request) bool {
+	accept := r.Header.Get("Accept")
+	return strings.Contains(accept, "text/plain") && !strings.Contains(accept, "application/json")
+}

@@ -1,0 +1,299 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/datum-cloud/galactic-node/admin"
+	"github.com/datum-cloud/galactic-node/ebpf/datapath"
+	"github.com/datum-cloud/galactic-node/node/agent"
+	"github.com/datum-cloud/galactic-node/node/attachreg"
+	"github.com/datum-cloud/galactic-node/node/inventory"
+	"github.com/datum-cloud/galactic-node/node/link"
+	"github.com/datum-cloud/galactic-node/node/reclaim"
+	"github.com/datum-cloud/galactic-node/node/vrf"
+)
+
+type daemonFlags struct {
+	nodeName, kubeconfig, inventoryFile   string
+	interval                              time.Duration
+	dryRun                                bool
+	maxReclaims                           int
+	bpffs, vrfLockDir                     string
+	adminSocket, adminListen              string
+	adminTLSCert, adminTLSKey, adminToken string
+	adminKubeAuth                         bool
+	adminForcesPerMinute                  int
+	metricsListen, logFormat, logLevel    string
+}
+
+func parseDaemonFlags(args []string, stderr io.Writer) (*daemonFlags, error) {
+	f := &daemonFlags{}
+	fs := flag.NewFlagSet("galactic-node run", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&f.nodeName, "node-name", "", "this node's name (default $NODE_NAME, then the hostname)")
+	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster configuration)")
+	fs.StringVar(&f.inventoryFile, "inventory-file", "", "read the inventory from this YAML file instead of the cluster")
+	fs.DurationVar(&f.interval, "interval", time.Minute, "time between passes; 0 runs passes only when forced")
+	fs.BoolVar(&f.dryRun, "dry-run", false, "compute and report every pass, remove nothing")
+	fs.IntVar(&f.maxReclaims, "max-reclaims-per-pass", 0, "cap on removals per pass, the rest roll over (0: no cap)")
+	fs.StringVar(&f.bpffs, "bpffs", "/sys/fs/bpf", "bpf filesystem; maps are pinned under <bpffs>/galactic")
+	fs.StringVar(&f.vrfLockDir, "vrf-lock-dir", vrf.DefaultDir, "folder of the per-VRF lock files shared with the CNI plugin")
+	fs.StringVar(&f.adminSocket, "admin-socket", "/run/galactic/admin.sock", "admin API unix socket, mode 0600 (empty disables)")
+	fs.StringVar(&f.adminListen, "admin-listen", "", "admin API TCP address; TLS required unless loopback")
+	fs.StringVar(&f.adminTLSCert, "admin-tls-cert", "", "TLS certificate for --admin-listen")
+	fs.StringVar(&f.adminTLSKey, "admin-tls-key", "", "TLS key for --admin-listen")
+	fs.StringVar(&f.adminToken, "admin-token-file", "", "admin tokens, one \"<read|admin> <token>\" a line; reloaded on change")
+	fs.BoolVar(&f.adminKubeAuth, "admin-kube-auth", false, "also accept Kubernetes tokens: TokenReview, then SubjectAccessReview on nodes.galactic.datum.net")
+	fs.IntVar(&f.adminForcesPerMinute, "admin-forces-per-minute", 6, "forced passes allowed a minute before 429")
+	fs.StringVar(&f.metricsListen, "metrics-listen", ":9180", "Prometheus metrics address (empty disables)")
+	fs.StringVar(&f.logFormat, "log-format", "json", "json or text")
+	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if err := envFlags(fs); err != nil {
+		return nil, err
+	}
+	if f.nodeName == "" {
+		f.nodeName = os.Getenv("NODE_NAME")
+	}
+	if f.nodeName == "" {
+		h, err := os.Hostname()
+		if err != nil {
+			return nil, fmt.Errorf("--node-name not given and no hostname: %w", err)
+		}
+		f.nodeName = h
+	}
+	if f.interval < 0 {
+		return nil, errors.New("--interval must not be negative")
+	}
+	if f.maxReclaims < 0 {
+		return nil, errors.New("--max-reclaims-per-pass must not be negative")
+	}
+	if (f.adminSocket != "" || f.adminListen != "") && f.adminToken == "" && !f.adminKubeAuth {
+		return nil, errors.New("the admin API needs --admin-token-file or --admin-kube-auth (or disable it with --admin-socket= and no --admin-listen)")
+	}
+	if (f.adminTLSCert == "") != (f.adminTLSKey == "") {
+		return nil, errors.New("--admin-tls-cert and --admin-tls-key go together")
+	}
+	if f.adminListen != "" && f.adminTLSCert == "" && !isLoopback(f.adminListen) {
+		return nil, fmt.Errorf("--admin-listen %s is not loopback: give --admin-tls-cert and --admin-tls-key", f.adminListen)
+	}
+	if f.adminKubeAuth && f.inventoryFile != "" && f.kubeconfig == "" && os.Getenv("KUBERNETES_SERVICE_HOST") == "" {
+		return nil, errors.New("--admin-kube-auth needs a cluster: give --kubeconfig or run in-cluster")
+	}
+	return f, nil
+}
+
+func isLoopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+func kubeConfig(path string) (*rest.Config, error) {
+	if path != "" {
+		cfg, err := clientcmd.BuildConfigFromFlags("", path)
+		if err != nil {
+			return nil, fmt.Errorf("kubeconfig %s: %w", path, err)
+		}
+		return cfg, nil
+	}
+	cfg, err := rest.InClusterConfig()
+	if err != nil {
+		return nil, fmt.Errorf("in-cluster configuration (give --kubeconfig or --inventory-file outside a cluster): %w", err)
+	}
+	return cfg, nil
+}
+
+func runDaemon(ctx context.Context, args []string, stderr io.Writer) error {
+	f, err := parseDaemonFlags(args, stderr)
+	if err != nil {
+		return err
+	}
+	log, err := newLogger(stderr, f.logFormat, f.logLevel)
+	if err != nil {
+		return err
+	}
+	log = log.With("node", f.nodeName)
+	log.Info("galactic-node starting", "version", version, "interval", f.interval, "dry_run", f.dryRun,
+		"max_reclaims_per_pass", f.maxReclaims, "bpffs", f.bpffs, "inventory_file", f.inventoryFile)
+
+	conn, err := link.Dial(nil)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	dp, err := datapath.Load(f.bpffs)
+	if err != nil {
+		return err
+	}
+	defer dp.Close()
+	registry := attachreg.New(dp, nil, log)
+	locks, err := vrf.NewLocker(f.vrfLockDir)
+	if err != nil {
+		return err
+	}
+
+	var cfg *rest.Config
+	if f.inventoryFile == "" || f.adminKubeAuth {
+		if cfg, err = kubeConfig(f.kubeconfig); err != nil {
+			return err
+		}
+	}
+	var inv inventory.Source
+	if f.inventoryFile != "" {
+		inv = inventory.NewFile(f.inventoryFile)
+	} else {
+		ci, err := inventory.NewCluster(cfg, log)
+		if err != nil {
+			return err
+		}
+		ci.Start(ctx)
+		inv = ci
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics, err := reclaim.NewMetrics(reg)
+	if err != nil {
+		return err
+	}
+	reclaimer := reclaim.New(conn, inv, registry, locks, metrics, log, reclaim.Config{DryRun: f.dryRun, MaxReclaimsPerPass: f.maxReclaims})
+	ag := &agent.Agent{Links: conn, Inventory: inv, Reclaimer: reclaimer, Registry: registry, Datapath: dp, ProcRoot: "/proc"}
+
+	var servers []*http.Server
+	defer func() {
+		shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		for _, s := range servers {
+			_ = s.Shutdown(shutdownCtx)
+		}
+	}()
+	serve := func(s *http.Server, l net.Listener, what string) {
+		servers = append(servers, s)
+		go func() {
+			if err := s.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				log.Error("server stopped", "server", what, "error", err)
+			}
+		}()
+	}
+
+	if f.adminSocket != "" || f.adminListen != "" {
+		acfg := admin.Config{ForcesPerMinute: f.adminForcesPerMinute, Log: log}
+		if f.adminToken != "" {
+			tokens, err := admin.LoadTokenFile(f.adminToken)
+			if err != nil {
+				return err
+			}
+			go tokens.Watch(ctx, time.Second, log)
+			acfg.Tokens = tokens
+		}
+		if f.adminKubeAuth {
+			cs, err := kubernetes.NewForConfig(cfg)
+			if err != nil {
+				return fmt.Errorf("delegated auth client: %w", err)
+			}
+			acfg.Kube = admin.NewKubeAuth(cs, f.nodeName)
+		}
+		h := admin.NewHandler(ag, acfg)
+		if f.adminSocket != "" {
+			l, err := listenUnix(f.adminSocket)
+			if err != nil {
+				return err
+			}
+			defer os.Remove(f.adminSocket)
+			serve(admin.NewServer(h, log), l, "admin-socket")
+			log.Info("admin API listening", "socket", f.adminSocket)
+		}
+		if f.adminListen != "" {
+			l, err := net.Listen("tcp", f.adminListen)
+			if err != nil {
+				return fmt.Errorf("admin listen %s: %w", f.adminListen, err)
+			}
+			s := admin.NewServer(h, log)
+			if f.adminTLSCert != "" {
+				cert, err := tls.LoadX509KeyPair(f.adminTLSCert, f.adminTLSKey)
+				if err != nil {
+					return fmt.Errorf("admin TLS: %w", err)
+				}
+				l = tls.NewListener(l, &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})
+			}
+			serve(s, l, "admin-tcp")
+			log.Info("admin API listening", "address", l.Addr().String(), "tls", f.adminTLSCert != "")
+		}
+	}
+	if f.metricsListen != "" {
+		l, err := net.Listen("tcp", f.metricsListen)
+		if err != nil {
+			return fmt.Errorf("metrics listen %s: %w", f.metricsListen, err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+		serve(&http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: 30 * time.Second}, l, "metrics")
+		log.Info("metrics listening", "address", l.Addr().String())
+	}
+
+	var wg sync.WaitGroup
+	wg.Go(func() { reclaimer.Run(ctx, f.interval) })
+	<-ctx.Done()
+	log.Info("stopping: finishing the pass in flight")
+	wg.Wait()
+	log.Info("stopped")
+	return nil
+}
+
+// listenUnix listens on a unix socket with mode 0600. A socket file left by
+// a crashed daemon is replaced; one a live daemon answers on is an error.
+func listenUnix(path string) (net.Listener, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
+		return nil, fmt.Errorf("admin socket folder: %w", err)
+	}
+	if _, err := os.Lstat(path); err == nil {
+		c, err := net.DialTimeout("unix", path, time.Second)
+		if err == nil {
+			c.Close()
+			return nil, fmt.Errorf("admin socket %s is in use by a running daemon", path)
+		}
+		if err := os.Remove(path); err != nil {
+			return nil, fmt.Errorf("remove stale admin socket %s: %w", path, err)
+		}
+	}
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("admin socket %s: %w", path, err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		l.Close()
+		return nil, fmt.Errorf("admin socket %s: %w", path, err)
+	}
+	return l, nil
+}
+

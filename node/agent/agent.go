@@ -1,0 +1,206 @@
+// Package agent assembles the node's parts (links, inventory, reclaim, eBPF
+// registry) into the views an operator asks for: every tenant tap with who
+// holds it and who claims it, the pending candidates, pass reports, and eBPF
+// rows. The admin API serves these views; this package knows nothing of HTTP.
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/datum-cloud/galactic-node/ebpf/datapath"
+	"github.com/datum-cloud/galactic-node/node/attachreg"
+	"github.com/datum-cloud/galactic-node/node/identity"
+	"github.com/datum-cloud/galactic-node/node/inventory"
+	"github.com/datum-cloud/galactic-node/node/link"
+	"github.com/datum-cloud/galactic-node/node/reclaim"
+)
+
+// ErrNotKeyedByInterface: an ifindex filter was asked of a map whose rows
+// are not keyed by an interface (the counters).
+var ErrNotKeyedByInterface = errors.New("map is not keyed by interface")
+
+// Agent is the running node.
+type Agent struct {
+	Links     *link.Conn
+	Inventory inventory.Source
+	Reclaimer *reclaim.Reclaimer
+	Registry  *attachreg.Registry
+	Datapath  *datapath.Datapath
+	// ProcRoot is where holders are looked up ("/proc"); empty disables the
+	// lookup. Seeing a VMM's descriptors needs the host PID namespace.
+	ProcRoot string
+}
+
+// Tap states, from the most to the least protected.
+const (
+	StateHeld      = "held"      // a file descriptor holds it
+	StateLive      = "live"      // the inventory carries its identity
+	StateUnstamped = "unstamped" // no owner stamp: never reclaimed
+	StateCandidate = "candidate" // found stale by the last pass
+	StateConfirmed = "confirmed" // stale on two passes: removal pending or failing
+	StateStale     = "stale"     // stale now, not yet seen by a pass
+)
+
+// TapView is one tenant tap as an operator sees it.
+type TapView struct {
+	Name       string                `json:"name"`
+	Ifindex    uint32                `json:"ifindex"`
+	Identity   identity.Identity     `json:"identity"`
+	VPC        string                `json:"vpc"`
+	Attachment string                `json:"attachment"`
+	Owner      string                `json:"owner"`
+	Master     string                `json:"master"`
+	MasterKind string                `json:"masterKind"`
+	Held       bool                  `json:"held"`
+	Holders    []Holder              `json:"holders,omitempty"`
+	CarriedBy  []inventory.ObjectRef `json:"carriedBy"`
+	State      string                `json:"state"`
+}
+
+// Taps returns every tenant tap.
+func (a *Agent) Taps(ctx context.Context) ([]TapView, error) {
+	links, err := a.Links.Links(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("list taps: %w", err)
+	}
+	names := make(map[uint32]string, len(links))
+	for _, l := range links {
+		names[l.Index] = l.Name
+	}
+	snap := a.Inventory.Snapshot(ctx)
+	pending := map[uint32]reclaim.Pending{}
+	for _, p := range a.Reclaimer.Pending() {
+		pending[p.Tap.Ifindex] = p
+	}
+	holders := map[string][]Holder{}
+	if a.ProcRoot != "" {
+		holders = FindHolders(a.ProcRoot)
+	}
+	views := []TapView{}
+	for _, t := range link.TenantTaps(links) {
+		v := TapView{
+			Name: t.Name, Ifindex: t.Index, Identity: t.Identity, VPC: t.Identity.VPC.Base62(), Attachment: t.Identity.Attachment.Base62(),
+			Owner: t.Alias, Master: names[t.Master], MasterKind: t.MasterKind, Held: t.Held(),
+			Holders: holders[t.Name], CarriedBy: snap.Carriers(t.Identity),
+		}
+		if v.CarriedBy == nil {
+			v.CarriedBy = []inventory.ObjectRef{}
+		}
+		p, isPending := pending[t.Index]
+		switch {
+		case v.Held:
+			v.State = StateHeld
+		case len(v.CarriedBy) > 0:
+			v.State = StateLive
+		case !t.Stamped():
+			v.State = StateUnstamped
+		case isPending && p.Tap.Name == t.Name && p.Tap.Owner == t.Alias && p.Passes > 1:
+			v.State = StateConfirmed
+		case isPending && p.Tap.Name == t.Name && p.Tap.Owner == t.Alias:
+			v.State = StateCandidate
+		default:
+			v.State = StateStale
+		}
+		views = append(views, v)
+	}
+	return views, nil
+}
+
+// Pending returns the candidates awaiting confirmation, oldest first.
+func (a *Agent) Pending() []reclaim.Pending {
+	p := a.Reclaimer.Pending()
+	slices.SortFunc(p, func(x, y reclaim.Pending) int { return x.FirstSeen.Compare(y.FirstSeen) })
+	return p
+}
+
+// ForcePass runs a pass now, after any in flight.
+func (a *Agent) ForcePass(ctx context.Context, dryRun bool) reclaim.Report {
+	return a.Reclaimer.Pass(ctx, reclaim.PassOptions{DryRun: dryRun})
+}
+
+// Reports returns recent pass reports, newest first.
+func (a *Agent) Reports() []reclaim.Report { return a.Reclaimer.Reports() }
+
+// Ready returns nil when the maps are loaded and the inventory is synced
+// and reading.
+func (a *Agent) Ready(ctx context.Context) error {
+	if a.Datapath == nil {
+		return errors.New("eBPF maps not loaded")
+	}
+	snap := a.Inventory.Snapshot(ctx)
+	if snap.Err != nil {
+		return fmt.Errorf("inventory: %w", snap.Err)
+	}
+	if !snap.Synced {
+		return inventory.ErrNotSynced
+	}
+	return nil
+}
+
+// MapView describes one eBPF map.
+type MapView struct {
+	datapath.Layout
+	Rows         int  `json:"rows"`
+	PerInterface bool `json:"perInterface"`
+}
+
+// Maps describes every map of the datapath.
+func (a *Agent) Maps() ([]MapView, error) {
+	per := a.Registry.PerInterfaceMaps()
+	var out []MapView
+	for _, t := range a.Datapath.Tables() {
+		rows, err := t.DumpAny(0)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, MapView{Layout: t.Layout(), Rows: len(rows), PerInterface: slices.Contains(per, t.Name())})
+	}
+	return out, nil
+}
+
+// MapRows returns up to limit rows of the map called name; a non-zero
+// ifindex keeps only that interface's rows. An unknown name is
+// datapath.ErrUnknownMap.
+func (a *Agent) MapRows(name string, ifindex uint32, limit int) ([]datapath.Row[any, any], error) {
+	if ifindex == 0 {
+		return a.Registry.Dump(name, limit)
+	}
+	if _, err := a.Datapath.Table(name); err != nil {
+		return nil, err
+	}
+	if !slices.Contains(a.Registry.PerInterfaceMaps(), name) {
+		return nil, fmt.Errorf("map %s: %w", name, ErrNotKeyedByInterface)
+	}
+	rows, err := a.Registry.Dump(name, 0)
+	if err != nil {
+		return nil, err
+	}
+	out := []datapath.Row[any, any]{}
+	for _, r := range rows {
+		if keyIfindex(r.Key) == ifindex {
+			out = append(out, r)
+			if limit > 0 && len(out) == limit {
+				break
+			}
+		}
+	}
+	return out, nil
+}
+
+func keyIfindex(k any) uint32 {
+	switch k := k.(type) {
+	case uint32:
+		return k
+	case datapath.HostPort:
+		return k.Ifindex
+	}
+	return 0
+}
+
+// InterfaceRows returns every row of one interface across the maps.
+func (a *Agent) InterfaceRows(ifindex uint32) (attachreg.InterfaceRows, error) {
+	return a.Registry.Rows(ifindex)
+}
