@@ -82,7 +82,9 @@ func NewHandler(b Backend, cfg Config) http.Handler {
 	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, http.StatusMethodNotAllowed, r.Method+" is not allowed here")
 	})
-	r.Get("/healthz", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, r, http.StatusOK, map[string]string{"status": "ok"}) })
+	r.Get("/healthz", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, r, http.StatusOK, map[string]string{"status": "ok"})
+	})
 	r.Get("/readyz", h.readyz)
 	r.Route("/v1", func(r chi.Router) {
 		r.Group(func(r chi.Router) {

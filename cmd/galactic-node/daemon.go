@@ -296,4 +296,3 @@ func listenUnix(path string) (net.Listener, error) {
 	}
 	return l, nil
 }
-
