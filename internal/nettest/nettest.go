@@ -9,6 +9,8 @@ package nettest
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"io"
+	"net"
 	"os"
 	"os/exec"
 	"strings"
@@ -16,6 +18,7 @@ import (
 	"testing"
 
 	"github.com/datum-cloud/galactic-node/node/link"
+	"github.com/datum-cloud/galactic-node/node/netns"
 	"github.com/datum-cloud/galactic-node/node/tun"
 )
 
@@ -196,4 +199,39 @@ func BPFFS(t testing.TB) string {
 		}
 	})
 	return dir
+}
+
+// ForwardLoopback makes hostAddr, a TCP address on the host's loopback (a
+// test API server), reachable at the same address on the loopback of ns:
+// it listens inside ns and relays each connection to the host. TLS passes
+// through untouched. It stops when t ends.
+func ForwardLoopback(t testing.TB, ns *NS, hostAddr string) {
+	t.Helper()
+	var l net.Listener
+	if err := netns.Do(ns.File, func() error {
+		var err error
+		l, err = net.Listen("tcp", hostAddr)
+		return err
+	}); err != nil {
+		t.Fatalf("listen on %s in %s: %v", hostAddr, ns.Name, err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			in, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer in.Close()
+				out, err := net.Dial("tcp", hostAddr)
+				if err != nil {
+					return
+				}
+				defer out.Close()
+				go func() { _, _ = io.Copy(out, in); out.(*net.TCPConn).CloseWrite() }()
+				_, _ = io.Copy(in, out)
+			}()
+		}
+	}()
 }

@@ -1,0 +1,351 @@
+package admin_test
+
+import (
+	"bytes"
+	"errors"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/datum-cloud/galactic-node/admin"
+	"github.com/datum-cloud/galactic-node/ebpf/datapath"
+	"github.com/datum-cloud/galactic-node/internal/clustertest"
+	"github.com/datum-cloud/galactic-node/node/agent"
+	"github.com/datum-cloud/galactic-node/node/attachreg"
+	"github.com/datum-cloud/galactic-node/node/identity"
+	"github.com/datum-cloud/galactic-node/node/reclaim"
+)
+
+func TestMain(m *testing.M) { os.Exit(clustertest.Main(m)) }
+
+const (
+	adminToken = "admin-0123456789abcdef"
+	readToken  = "read-0123456789abcdef0"
+)
+
+// fakeBackend stands in for the node: these tests are of the HTTP, auth
+// and input handling above it. The integration test serves the real node.
+type fakeBackend struct {
+	forces atomic.Int32
+	calls  atomic.Int32
+}
+
+func (f *fakeBackend) Ready(context.Context) error { return nil }
+func (f *fakeBackend) Taps(context.Context) ([]agent.TapView, error) {
+	f.calls.Add(1)
+	return []agent.TapView{{Name: "G000000010013H", Ifindex: 7, Identity: identity.Identity{VPC: 62, Attachment: 65}, VPC: "10", Attachment: "13", Owner: "sandbox-1", State: agent.StateCandidate}}, nil
+}
+func (f *fakeBackend) Pending() []reclaim.Pending { f.calls.Add(1); return []reclaim.Pending{} }
+func (f *fakeBackend) ForcePass(context.Context, bool) reclaim.Report {
+	f.forces.Add(1)
+	return reclaim.Report{Result: reclaim.ResultCompleted}
+}
+func (f *fakeBackend) Reports() []reclaim.Report { return nil }
+func (f *fakeBackend) Maps() ([]agent.MapView, error) {
+	return []agent.MapView{{Layout: datapath.Layout{Name: "traffic_policy"}}}, nil
+}
+func (f *fakeBackend) MapRows(name string, _ uint32, _ int) ([]datapath.Row[any, any], error) {
+	if name != "traffic_policy" {
+		return nil, fmt.Errorf("map %q: %w", name, datapath.ErrUnknownMap)
+	}
+	return []datapath.Row[any, any]{}, nil
+}
+func (f *fakeBackend) InterfaceRows(ifindex uint32) (attachreg.InterfaceRows, error) {
+	return attachreg.InterfaceRows{Ifindex: ifindex, Rows: map[string]any{}}, nil
+}
+
+type server struct {
+	url     string
+	backend *fakeBackend
+	logs    *syncBuffer
+	srv     *http.Server
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
+
+func tokenFile(t testing.TB, content string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "tokens")
+	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// start serves the admin API over real TCP on loopback.
+func start(t *testing.T, cfg admin.Config) *server {
+	t.Helper()
+	s := &server{backend: &fakeBackend{}, logs: &syncBuffer{}}
+	if cfg.Tokens == nil && cfg.Kube == nil {
+		tokens, err := admin.LoadTokenFile(tokenFile(t, "# operators\nadmin "+adminToken+"\nread "+readToken+" # on-call\n"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Tokens = tokens
+	}
+	cfg.Log = slog.New(slog.NewJSONHandler(s.logs, nil))
+	s.srv = admin.NewServer(admin.NewHandler(s.backend, cfg), cfg.Log)
+	s.srv.ReadHeaderTimeout = 300 * time.Millisecond
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = s.srv.Serve(l) }()
+	t.Cleanup(func() { _ = s.srv.Close() })
+	s.url = "http://" + l.Addr().String()
+	return s
+}
+
+func (s *server) do(t *testing.T, method, path, token string, body io.Reader, hdr ...string) (*http.Response, map[string]any) {
+	t.Helper()
+	req, err := http.NewRequest(method, s.url+path, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	var out map[string]any
+	_ = json.Unmarshal(b, &out)
+	if out == nil {
+		out = map[string]any{"raw": string(b)}
+	}
+	return resp, out
+}
+
+var readRoutes = []string{"/v1/taps", "/v1/taps/pending", "/v1/passes", "/v1/passes/last", "/v1/ebpf/maps", "/v1/ebpf/maps/traffic_policy", "/v1/ebpf/interfaces/7"}
+
+func TestEveryRouteButHealthNeedsAToken(t *testing.T) {
+	s := start(t, admin.Config{})
+	for _, path := range readRoutes {
+		for _, token := range []string{"", "wrong-token-0123456789"} {
+			resp, body := s.do(t, "GET", path, token, nil)
+			if resp.StatusCode != http.StatusUnauthorized || resp.Header.Get("WWW-Authenticate") == "" || body["error"] == nil {
+				t.Errorf("GET %s with token %q: %d %v, want 401 with WWW-Authenticate and an error", path, token, resp.StatusCode, body)
+			}
+		}
+	}
+	resp, _ := s.do(t, "POST", "/v1/passes", "", nil)
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Errorf("POST /v1/passes without a token: %d", resp.StatusCode)
+	}
+	for _, path := range []string{"/healthz", "/readyz"} {
+		if resp, _ := s.do(t, "GET", path, "", nil); resp.StatusCode != http.StatusOK {
+			t.Errorf("GET %s: %d, want 200 without a token", path, resp.StatusCode)
+		}
+	}
+	if s.backend.calls.Load() != 0 || s.backend.forces.Load() != 0 {
+		t.Fatal("an unauthenticated request reached the node")
+	}
+	for _, path := range readRoutes {
+		if resp, body := s.do(t, "GET", path, readToken, nil); resp.StatusCode != http.StatusOK && path != "/v1/passes/last" {
+			t.Errorf("GET %s with the read token: %d %v", path, resp.StatusCode, body)
+		}
+	}
+}
+
+func TestAReadTokenCannotForceAPass(t *testing.T) {
+	s := start(t, admin.Config{})
+	if resp, body := s.do(t, "POST", "/v1/passes", readToken, nil); resp.StatusCode != http.StatusForbidden {
+		t.Fatalf("POST with a read token: %d %v, want 403", resp.StatusCode, body)
+	}
+	if s.backend.forces.Load() != 0 {
+		t.Fatal("a read token forced a pass")
+	}
+	if resp, body := s.do(t, "POST", "/v1/passes?dryRun=true", adminToken, nil); resp.StatusCode != http.StatusOK || body["result"] != "completed" {
+		t.Fatalf("POST with the admin token: %d %v", resp.StatusCode, body)
+	}
+}
+
+func TestATokenInTheURLIsRefused(t *testing.T) {
+	s := start(t, admin.Config{})
+	for _, path := range []string{"/v1/taps?access_token=" + adminToken, "/v1/taps?token=" + adminToken} {
+		for _, header := range []string{"", adminToken} {
+			if resp, _ := s.do(t, "GET", path, header, nil); resp.StatusCode != http.StatusBadRequest {
+				t.Errorf("GET %s (header token %v): %d, want 400", path, header != "", resp.StatusCode)
+			}
+		}
+	}
+	if s.backend.calls.Load() != 0 {
+		t.Fatal("a request with a token in the URL reached the node")
+	}
+}
+
+func TestLogsNeverContainAToken(t *testing.T) {
+	s := start(t, admin.Config{})
+	s.do(t, "GET", "/v1/taps", adminToken, nil)
+	s.do(t, "GET", "/v1/taps", readToken, nil)
+	s.do(t, "POST", "/v1/passes", readToken, nil)
+	s.do(t, "GET", "/v1/taps?access_token="+adminToken, "", nil)
+	s.do(t, "GET", "/v1/taps", "not-a-token-but-secret-anyway", nil)
+	logs := s.logs.String()
+	if !strings.Contains(logs, "admin request") {
+		t.Fatalf("no access log written: %q", logs)
+	}
+	for _, secret := range []string{adminToken, readToken, "not-a-token-but-secret-anyway"} {
+		if strings.Contains(logs, secret) {
+			t.Fatalf("the log contains a token:\n%s", logs)
+		}
+	}
+}
+
+func TestBadInputGetsAClearStatus(t *testing.T) {
+	s := start(t, admin.Config{})
+	for _, tc := range []struct {
+		method, path string
+		want         int
+	}{
+		{"GET", "/v1/ebpf/maps/no_such_map", http.StatusNotFound},
+		{"GET", "/v1/ebpf/maps/traffic_policy?ifindex=abc", http.StatusBadRequest},
+		{"GET", "/v1/ebpf/maps/traffic_policy?ifindex=0", http.StatusBadRequest},
+		{"GET", "/v1/ebpf/maps/traffic_policy?ifindex=-1", http.StatusBadRequest},
+		{"GET", "/v1/ebpf/maps/traffic_policy?limit=0", http.StatusBadRequest},
+		{"GET", "/v1/ebpf/maps/traffic_policy?limit=10001", http.StatusBadRequest},
+		{"GET", "/v1/ebpf/maps/traffic_policy?limit=ten", http.StatusBadRequest},
+		{"GET", "/v1/ebpf/interfaces/abc", http.StatusBadRequest},
+		{"GET", "/v1/ebpf/interfaces/0", http.StatusBadRequest},
+		{"POST", "/v1/passes?dryRun=maybe", http.StatusBadRequest},
+		{"DELETE", "/v1/taps", http.StatusMethodNotAllowed},
+		{"GET", "/v1/nothing-here", http.StatusNotFound},
+	} {
+		resp, body := s.do(t, tc.method, tc.path, adminToken, nil)
+		if resp.StatusCode != tc.want || body["error"] == nil {
+			t.Errorf("%s %s: %d %v, want %d with an error", tc.method, tc.path, resp.StatusCode, body, tc.want)
+		}
+	}
+	big := strings.Repeat("x", 64<<10)
+	if resp, _ := s.do(t, "POST", "/v1/passes", adminToken, strings.NewReader(big)); resp.StatusCode != http.StatusRequestEntityTooLarge {
+		t.Errorf("oversized body: %d, want 413", resp.StatusCode)
+	}
+	// Without a Content-Length (chunked), the limit applies while reading.
+	if resp, _ := s.do(t, "POST", "/v1/passes", adminToken, io.MultiReader(strings.NewReader(big))); resp.StatusCode != http.StatusRequestEntityTooLarge {
+		t.Errorf("oversized chunked body: %d, want 413", resp.StatusCode)
+	}
+	if s.backend.forces.Load() != 0 {
+		t.Fatal("a refused request forced a pass")
+	}
+}
+
+func TestAClientThatNeverFinishesItsHeadersIsCutOff(t *testing.T) {
+	s := start(t, admin.Config{})
+	c, err := net.Dial("tcp", strings.TrimPrefix(s.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Write([]byte("GET /v1/taps HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ")); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	_, err = io.ReadAll(c)
+	if ne := net.Error(nil); errors.As(err, &ne) && ne.Timeout() {
+		t.Fatal("the server kept a connection whose headers never finished")
+	}
+}
+
+func TestForcesBeyondTheLimitGet429(t *testing.T) {
+	s := start(t, admin.Config{ForcesPerMinute: 2})
+	for i := range 2 {
+		if resp, _ := s.do(t, "POST", "/v1/passes", adminToken, nil); resp.StatusCode != http.StatusOK {
+			t.Fatalf("force %d: %d", i+1, resp.StatusCode)
+		}
+	}
+	resp, _ := s.do(t, "POST", "/v1/passes", adminToken, nil)
+	if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("third force in a minute: %d, Retry-After %q", resp.StatusCode, resp.Header.Get("Retry-After"))
+	}
+	if n := s.backend.forces.Load(); n != 2 {
+		t.Fatalf("%d passes forced, want 2", n)
+	}
+}
+
+func TestAPersonGetsAnAlignedTable(t *testing.T) {
+	s := start(t, admin.Config{})
+	_, body := s.do(t, "GET", "/v1/taps", readToken, nil, "Accept", "text/plain")
+	lines := strings.Split(strings.TrimSpace(body["raw"].(string)), "\n")
+	if len(lines) != 2 || !strings.HasPrefix(lines[0], "NAME") || !strings.HasPrefix(lines[1], "G000000010013H") ||
+		strings.Index(lines[0], "IFINDEX") != strings.Index(lines[1], "7 ") {
+		t.Fatalf("text table:\n%s", body["raw"])
+	}
+	_, body = s.do(t, "GET", "/v1/taps", readToken, nil)
+	if items, ok := body["items"].([]any); !ok || len(items) != 1 {
+		t.Fatalf("JSON list: %v", body)
+	}
+}
+
+func TestTheTokenFileIsReloadedWhenItChanges(t *testing.T) {
+	path := tokenFile(t, "admin "+adminToken+"\n")
+	tokens, err := admin.LoadTokenFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go tokens.Watch(ctx, 20*time.Millisecond, slog.New(slog.DiscardHandler))
+	s := start(t, admin.Config{Tokens: tokens})
+	const rotated = "admin-rotated-0123456789"
+	if err := os.WriteFile(path, []byte("admin "+rotated+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		resp, _ := s.do(t, "GET", "/v1/taps", rotated, nil)
+		if resp.StatusCode == http.StatusOK {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the rotated token never worked")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if resp, _ := s.do(t, "GET", "/v1/taps", adminToken, nil); resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("the old token after rotation: %d, want 401", resp.StatusCode)
+	}
+	// A broken file keeps the tokens in force.
+	if err := os.WriteFile(path, []byte("superuser "+rotated+" extra\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if resp, _ := s.do(t, "GET", "/v1/taps", rotated, nil); resp.StatusCode != http.StatusOK {
+		t.Fatalf("after a malformed rewrite: %d, want the previous tokens kept", resp.StatusCode)
+	}
+}
+
+func TestAMalformedTokenFileNamesTheLineNotTheToken(t *testing.T) {
+	for _, content := range []string{"root " + adminToken + "\n", "admin\n", "admin short\n", "read " + readToken + " extra\n"} {
+		_, err := admin.LoadTokenFile(tokenFile(t, "# ok\n"+content))
+		if err == nil || !strings.Contains(err.Error(), "line 2") || strings.Contains(err.Error(), adminToken) || strings.Contains(err.Error(), readToken) {
+			t.Errorf("%q: %v", content, err)
+		}
+	}
+}

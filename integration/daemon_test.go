@@ -1,0 +1,281 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"github.com/datum-cloud/galactic-node/internal/clustertest"
+	"github.com/datum-cloud/galactic-node/internal/nettest"
+	"github.com/datum-cloud/galactic-node/node/inventory"
+)
+
+var binary string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "galactic-node-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	binary = filepath.Join(dir, "galactic-node")
+	if out, err := exec.Command("go", "build", "-o", binary, "../cmd/galactic-node").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "build galactic-node: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := clustertest.Main(m)
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+const (
+	adminToken = "admin-e2e-0123456789abcdef"
+	readToken  = "read-e2e-0123456789abcdef"
+)
+
+// node is a scene: a netns with a private bpffs, lock folder and socket,
+// where taps are made with the binary and the daemon runs.
+type node struct {
+	t       *testing.T
+	ns      *nettest.NS
+	dir     string
+	bpffs   string
+	socket  string
+	tokens  string
+	daemons []*exec.Cmd
+}
+
+func newNode(t *testing.T) *node {
+	n := &node{t: t, ns: nettest.NewNS(t), dir: t.TempDir()}
+	n.bpffs = nettest.BPFFS(t)
+	n.socket = filepath.Join(n.dir, "admin.sock")
+	n.tokens = filepath.Join(n.dir, "tokens")
+	if err := os.WriteFile(n.tokens, []byte("admin "+adminToken+"\nread "+readToken+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func (n *node) common() []string {
+	return []string{"--bpffs", n.bpffs, "--vrf-lock-dir", filepath.Join(n.dir, "locks")}
+}
+
+// tapAdd makes a tap as CNI ADD would, through the binary.
+func (n *node) tapAdd(att, owner string) {
+	n.t.Helper()
+	args := append([]string{"netns", "exec", n.ns.Name, binary, "tap", "add", "--vpc", "a", "--attachment", att, "--owner", owner,
+		"--master", "bridge", "--table", "1010", "--route", "10.10.0." + att + "/32", "--gateway4", "10.10.0.254", "--host-port", "udp/53"}, n.common()...)
+	if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+		n.t.Fatalf("tap add %s: %v: %s", att, err, out)
+	}
+}
+
+// start runs the daemon in the namespace and returns it with its log.
+func (n *node) start(extra ...string) (*exec.Cmd, *bytes.Buffer) {
+	n.t.Helper()
+	args := append([]string{"netns", "exec", n.ns.Name, binary, "run", "--node-name", "node-a", "--interval", "0",
+		"--admin-socket", n.socket, "--admin-token-file", n.tokens, "--metrics-listen", "127.0.0.1:9180", "--log-format", "text"}, n.common()...)
+	cmd := exec.Command("ip", append(args, extra...)...)
+	var log bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &log, &log
+	if err := cmd.Start(); err != nil {
+		n.t.Fatal(err)
+	}
+	n.daemons = append(n.daemons, cmd)
+	n.t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+	})
+	return cmd, &log
+}
+
+func (n *node) client() *http.Client {
+	return &http.Client{Timeout: time.Minute, Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", n.socket)
+	}}}
+}
+
+func (n *node) call(method, path, token string) (int, []byte) {
+	n.t.Helper()
+	req, _ := http.NewRequest(method, "http://node"+path, nil)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := n.client().Do(req)
+	if err != nil {
+		n.t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, b
+}
+
+func (n *node) waitReady(log *bytes.Buffer) {
+	n.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	last := ""
+	for time.Now().Before(deadline) {
+		resp, err := n.client().Get("http://node/readyz")
+		if err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return
+			}
+			last = string(b)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	for _, d := range n.daemons {
+		_ = d.Process.Kill()
+		_ = d.Wait()
+	}
+	n.t.Fatalf("the daemon never became ready (last answer %q):\n%s", last, log)
+}
+
+func (n *node) ifindex(name string) string {
+	n.t.Helper()
+	return strings.TrimSpace(nettest.Run(n.t, "ip", "netns", "exec", n.ns.Name, "cat", "/sys/class/net/"+name+"/ifindex"))
+}
+
+func writeKubeconfig(t *testing.T, cfg *rest.Config) string {
+	t.Helper()
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters["e2e"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: cfg.CAData}
+	kc.AuthInfos["e2e"] = &clientcmdapi.AuthInfo{ClientCertificateData: cfg.CertData, ClientKeyData: cfg.KeyData, Token: cfg.BearerToken}
+	kc.Contexts["e2e"] = &clientcmdapi.Context{Cluster: "e2e", AuthInfo: "e2e"}
+	kc.CurrentContext = "e2e"
+	path := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := clientcmd.WriteToFile(*kc, path); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// TestTheDaemonReclaimsAStaleTapOverHTTP runs the built binary in a netns
+// against a real API server and drives it as an operator: the stale tap is
+// pending after the first forced pass, reclaimed by the second, and its eBPF
+// rows are listed before and gone after; the held and live taps stay.
+func TestTheDaemonReclaimsAStaleTapOverHTTP(t *testing.T) {
+	cluster := clustertest.Shared(t)
+	cluster.DeleteAll(t, inventory.AttachmentResource)
+	t.Cleanup(func() { cluster.DeleteAll(t, inventory.AttachmentResource) })
+	cluster.Apply(t, inventory.AttachmentResource, clustertest.Attachment("tenant-a", "web-2", "a", "2"))
+
+	n := newNode(t)
+	for _, att := range []string{"1", "2", "3"} {
+		n.tapAdd(att, "sandbox-"+att)
+	}
+	nettest.Hold(t, n.ns, "G00000000a001H", nettest.HoldOptions{})
+	stale := n.ifindex("G00000000a003H")
+
+	// The daemon runs inside the namespace; the API server listens on the
+	// host's loopback, relayed to the namespace's.
+	nettest.ForwardLoopback(t, n.ns, strings.TrimSuffix(strings.TrimPrefix(cluster.Config.Host, "https://"), "/"))
+	daemon, log := n.start("--kubeconfig", writeKubeconfig(t, cluster.Config))
+	n.waitReady(log)
+
+	code, body := n.call("GET", "/v1/ebpf/interfaces/"+stale, readToken)
+	if code != http.StatusOK || !strings.Contains(string(body), `"traffic_policy"`) || !strings.Contains(string(body), `"attached": true`) {
+		t.Fatalf("rows before: %d %s", code, body)
+	}
+	code, body = n.call("GET", "/v1/ebpf/maps/ifindex_vrf?ifindex="+stale, readToken)
+	if code != http.StatusOK || !strings.Contains(string(body), `"attachment": "3"`) {
+		t.Fatalf("ifindex_vrf rows before: %d %s", code, body)
+	}
+
+	if code, body := n.call("POST", "/v1/passes", adminToken); code != http.StatusOK {
+		t.Fatalf("pass 1: %d %s", code, body)
+	}
+	code, body = n.call("GET", "/v1/taps/pending", readToken)
+	var pending struct {
+		Items []struct {
+			Tap struct{ Name string } `json:"tap"`
+		} `json:"items"`
+	}
+	if err := json.Unmarshal(body, &pending); err != nil || code != http.StatusOK || len(pending.Items) != 1 || pending.Items[0].Tap.Name != "G00000000a003H" {
+		t.Fatalf("pending after pass 1: %d %s", code, body)
+	}
+
+	code, body = n.call("POST", "/v1/passes", adminToken)
+	var report struct {
+		Reclaimed []struct{ Name string } `json:"reclaimed"`
+	}
+	if err := json.Unmarshal(body, &report); err != nil || code != http.StatusOK || len(report.Reclaimed) != 1 {
+		t.Fatalf("pass 2: %d %s", code, body)
+	}
+	code, body = n.call("GET", "/v1/ebpf/interfaces/"+stale, readToken)
+	if code != http.StatusOK || !strings.Contains(string(body), `"rows": {}`) || !strings.Contains(string(body), `"attached": false`) {
+		t.Fatalf("rows after: %d %s", code, body)
+	}
+	code, body = n.call("GET", "/v1/taps", readToken)
+	for _, want := range []string{`"G00000000a001H"`, `"G00000000a002H"`, `"state": "held"`, `"state": "live"`} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("taps after: want %s in %d %s", want, code, body)
+		}
+	}
+	if strings.Contains(string(body), "G00000000a003H") {
+		t.Errorf("the reclaimed tap is still listed: %s", body)
+	}
+
+	if err := daemon.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := daemon.Wait(); err != nil {
+		t.Fatalf("exit after SIGTERM: %v\n%s", err, log)
+	}
+	if strings.Contains(log.String(), adminToken) || strings.Contains(log.String(), readToken) {
+		t.Fatal("the daemon's log contains a token")
+	}
+}
+
+func TestTheAdminSocketIsPrivateAndOwnedByOneDaemon(t *testing.T) {
+	n := newNode(t)
+	inv := filepath.Join(n.dir, "inventory.yaml")
+	if err := os.WriteFile(inv, []byte("apiVersion: cloud.datumapis.com/v1alpha1\nkind: VPCAttachment\nmetadata: {name: a, namespace: b}\nstatus: {vpc: a, vpcAttachment: \"1\"}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	first, log := n.start("--inventory-file", inv)
+	n.waitReady(log)
+	fi, err := os.Stat(n.socket)
+	if err != nil || fi.Mode().Perm() != 0o600 || fi.Mode()&os.ModeSocket == 0 {
+		t.Fatalf("socket %v mode %v, want a 0600 socket", err, fi.Mode())
+	}
+
+	second, log2 := n.start("--inventory-file", inv, "--metrics-listen", "")
+	err = second.Wait()
+	if err == nil || !strings.Contains(log2.String(), "in use by a running daemon") {
+		t.Fatalf("a second daemon on a live socket: %v\n%s", err, log2)
+	}
+	if code, _ := n.call("GET", "/v1/taps", readToken); code != http.StatusOK {
+		t.Fatal("the first daemon stopped answering")
+	}
+
+	_ = first.Process.Kill() // a crash leaves the socket file behind
+	_ = first.Wait()
+	if _, err := os.Stat(n.socket); err != nil {
+		t.Fatalf("socket after a crash: %v", err)
+	}
+	_, log3 := n.start("--inventory-file", inv)
+	n.waitReady(log3)
+	if code, _ := n.call("GET", "/v1/taps", readToken); code != http.StatusOK {
+		t.Fatalf("the daemon that replaced a stale socket does not answer:\n%s", log3)
+	}
+}

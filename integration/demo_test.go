@@ -1,0 +1,37 @@
+package integration
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/datum-cloud/galactic-node/internal/nettest"
+)
+
+// TestTheDemoRunsAndLeavesNothingBehind runs make demo's script with the
+// built binary: every step it checks must hold, and afterwards no namespace,
+// mount, process or folder of it may remain.
+func TestTheDemoRunsAndLeavesNothingBehind(t *testing.T) {
+	nettest.RequirePrivileged(t)
+	before, _ := filepath.Glob("/tmp/galactic-demo.*")
+	cmd := exec.Command("bash", "../hack/demo.sh")
+	cmd.Env = append(os.Environ(), "GALACTIC_NODE_BIN="+binary)
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "everything it made is removed") {
+		t.Fatalf("demo: %v\n%s", err, out)
+	}
+	if ns := nettest.Run(t, "ip", "netns", "list"); strings.Contains(ns, "galactic-demo-") {
+		t.Errorf("a demo namespace is left: %s", ns)
+	}
+	if mounts, _ := os.ReadFile("/proc/self/mountinfo"); strings.Contains(string(mounts), "galactic-demo.") {
+		t.Error("a demo mount is left")
+	}
+	if pids, _ := exec.Command("pgrep", "-f", binary).Output(); len(pids) > 0 {
+		t.Errorf("demo processes are left: %s", pids)
+	}
+	if after, _ := filepath.Glob("/tmp/galactic-demo.*"); len(after) > len(before) {
+		t.Errorf("demo folders are left: %v", after)
+	}
+}
