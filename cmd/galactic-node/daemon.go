@@ -191,7 +191,8 @@ func runDaemon(ctx context.Context, args []string, stderr io.Writer) error {
 
 	var servers []*http.Server
 	defer func() {
-		shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		// Long enough for a forced pass in flight to finish and answer.
+		shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
 		defer cancel()
 		for _, s := range servers {
 			_ = s.Shutdown(shutdownCtx)

@@ -116,9 +116,11 @@ func (a *Agent) Pending() []reclaim.Pending {
 	return p
 }
 
-// ForcePass runs a pass now, after any in flight.
+// ForcePass runs a pass now, after any in flight. The pass is not tied to
+// the caller's cancellation: a client that hangs up, or a daemon shutting
+// down, must not stop a removal half-way.
 func (a *Agent) ForcePass(ctx context.Context, dryRun bool) reclaim.Report {
-	return a.Reclaimer.Pass(ctx, reclaim.PassOptions{DryRun: dryRun})
+	return a.Reclaimer.Pass(context.WithoutCancel(ctx), reclaim.PassOptions{DryRun: dryRun})
 }
 
 // Reports returns recent pass reports, newest first.
