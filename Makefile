@@ -21,6 +21,7 @@ all: build
 build:
 	$(GO) build $(PKGS)
 	$(GO) build -ldflags "-X main.version=$(VERSION)" -o bin/galactic-node ./cmd/galactic-node
+	$(GO) build -ldflags "-X main.version=$(VERSION)" -o bin/galactic-hubctl ./cmd/galactic-hubctl
 
 # The README's first command: the whole job in a private network namespace.
 demo: build

@@ -1,0 +1,165 @@
+// Command galactic-hubctl is the hub's fabric-identity controller: it gives
+// every live Network a fabric identity from an address claim, and gives a
+// gone network's claim back to the quota while its block stays retained.
+// Instances elect a leader on a Lease; only the leader acts.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/datum-cloud/galactic-node/hubctl"
+)
+
+var version = "dev"
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	if err != nil && !errors.Is(err, flag.ErrHelp) {
+		fmt.Fprintln(os.Stderr, "galactic-hubctl: "+err.Error())
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("galactic-hubctl", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	kubeconfig := fs.String("kubeconfig", "", "kubeconfig file (default: in-cluster configuration)")
+	platform := fs.String("platform-namespace", "", "the platform's one namespace, where fabric-identity claims live (required)")
+	className := fs.String("class-name", "", "address class of the claims (default: the address service's)")
+	leaseNS := fs.String("lease-namespace", "", "namespace of the leader Lease (default: --platform-namespace)")
+	leaseName := fs.String("lease-name", "galactic-hubctl", "name of the leader Lease")
+	id := fs.String("id", "", "this instance's identity in the election (default: the hostname)")
+	workers := fs.Int("workers", 2, "networks reconciled in parallel")
+	listen := fs.String("listen", ":9181", "address of /metrics, /healthz and /readyz")
+	logFormat := fs.String("log-format", "json", "json or text")
+	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	showVersion := fs.Bool("version", false, "print the version and exit")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *showVersion {
+		fmt.Fprintln(stdout, version)
+		return nil
+	}
+	if *platform == "" {
+		return errors.New("--platform-namespace is required")
+	}
+	if *leaseNS == "" {
+		*leaseNS = *platform
+	}
+	if *id == "" {
+		h, err := os.Hostname()
+		if err != nil {
+			return fmt.Errorf("--id not given and no hostname: %w", err)
+		}
+		*id = h
+	}
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(*logLevel)); err != nil {
+		return fmt.Errorf("--log-level %q: %w", *logLevel, err)
+	}
+	var log *slog.Logger
+	switch *logFormat {
+	case "json":
+		log = slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: lvl}))
+	case "text":
+		log = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: lvl}))
+	default:
+		return fmt.Errorf("--log-format %q: want json or text", *logFormat)
+	}
+	log = log.With("id", *id)
+
+	var cfg *rest.Config
+	var err error
+	if *kubeconfig != "" {
+		cfg, err = clientcmd.BuildConfigFromFlags("", *kubeconfig)
+	} else {
+		cfg, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return fmt.Errorf("kubernetes configuration: %w", err)
+	}
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics, err := hubctl.NewMetrics(reg)
+	if err != nil {
+		return err
+	}
+	var ctl *hubctl.Controller
+	networks, err := hubctl.NewNetworkInformer(dyn, func(ns, name string) { ctl.Enqueue(ns, name) })
+	if err != nil {
+		return err
+	}
+	ctl = hubctl.New(hubctl.NewKube(dyn, cs, "galactic-hubctl"), networks, nil, metrics, log,
+		hubctl.Config{PlatformNamespace: *platform, ClassName: *className, Workers: *workers})
+	go networks.Run(ctx)
+
+	if *listen != "" {
+		l, err := net.Listen("tcp", *listen)
+		if err != nil {
+			return fmt.Errorf("listen %s: %w", *listen, err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+		mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+			if !networks.HasSynced() {
+				http.Error(w, "network cache not synced", http.StatusServiceUnavailable)
+				return
+			}
+			fmt.Fprintln(w, "ready")
+		})
+		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: 30 * time.Second}
+		go func() { _ = srv.Serve(l) }()
+		defer func() { _ = srv.Close() }()
+		log.Info("serving metrics and health", "address", l.Addr().String())
+	}
+
+	log.Info("galactic-hubctl starting", "version", version, "platform_namespace", *platform, "lease", *leaseNS+"/"+*leaseName)
+	err = hubctl.RunAsLeader(ctx, cs, *leaseNS, *leaseName, *id, hubctl.DefaultLeaseTiming, func(lctx context.Context) {
+		log.Info("leading: reconciling")
+		if !cache.WaitForCacheSync(lctx.Done(), networks.HasSynced) {
+			return
+		}
+		ctl.Run(lctx)
+	})
+	if err != nil {
+		return err
+	}
+	if ctx.Err() == nil {
+		return errors.New("leadership lost; exiting so that a fresh instance campaigns again")
+	}
+	log.Info("stopped")
+	return nil
+}

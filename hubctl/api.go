@@ -1,0 +1,123 @@
+// Package hubctl is the compact fabric-identity controller of the hub. For
+// a live Network it claims an address block (an IPClaim with reclaimPolicy
+// Retain, in the platform's one namespace) and writes the
+// NetworkFabricIdentity derived from it. For a gone Network it deletes the
+// identity, unplaces it and releases the claim, so the claim's quota unit
+// returns while the Retain allocation keeps the block from ever being
+// reissued.
+//
+// The rules a caller must know: a network is collected only after a direct
+// read past the cache says it is gone; a claim is deleted only with its UID
+// as precondition and only when its allocation is recorded Retain; a claim
+// not named fabric-identity.* is never touched. The package knows client-go,
+// and nothing of the node.
+package hubctl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// Sentinel errors of the API the controller uses.
+var (
+	ErrNotFound = errors.New("not found")
+	// ErrQuota: the platform's quota on claims refused a new claim (403).
+	ErrQuota = errors.New("quota on claims exceeded")
+	// ErrPrecondition: the object's UID differs from the one read (409).
+	ErrPrecondition = errors.New("precondition failed: object was re-created")
+	// ErrRefused: the API server refused the request for a reason other
+	// than those above (403, 422).
+	ErrRefused = errors.New("refused")
+)
+
+// AllocationRetainedError is the address service's answer to a claim whose
+// name already has a retained allocation (409, cause AllocationRetained):
+// the caller adopts that allocation instead of claiming a second block.
+type AllocationRetainedError struct {
+	Allocation string
+}
+
+func (e *AllocationRetainedError) Error() string {
+	return fmt.Sprintf("allocation %s is retained for this claim name", e.Allocation)
+}
+
+// Network is a hub Network as the controller needs it.
+type Network struct {
+	Namespace, Name string
+	UID             types.UID
+}
+
+// FabricIdentity is a NetworkFabricIdentity.
+type FabricIdentity struct {
+	Namespace, Name string
+	Identity        uint32
+	NetworkRef      string
+}
+
+// Reclaim policies of claims and allocations.
+const (
+	PolicyRetain = "Retain"
+	PolicyDelete = "Delete"
+)
+
+// Claim is an IPClaim.
+type Claim struct {
+	Namespace, Name string
+	UID             types.UID
+	// The network it was made for, from its annotations.
+	NetworkNamespace, NetworkName string
+	ClassName                     string
+	PrefixLength                  int
+	ReclaimPolicy                 string
+	Phase                         string // Pending, Bound, Releasing, Error
+	AllocatedCIDR                 string
+	BoundAllocation               string
+}
+
+// Allocation is an IPAllocation.
+type Allocation struct {
+	Namespace, Name string
+	ClaimRef        string // empty once a Retain claim is gone
+	ReclaimPolicy   string // fixed when the claim bound: the one that decides
+	AllocatedCIDR   string
+}
+
+// API is what the controller reads and writes; the kube implementation
+// talks to the API server, and tests use a model of the address service.
+type API interface {
+	// GetNetwork reads past any cache.
+	GetNetwork(ctx context.Context, namespace, name string) (Network, error)
+	GetIdentity(ctx context.Context, namespace, name string) (FabricIdentity, error)
+	CreateIdentity(ctx context.Context, id FabricIdentity) error
+	DeleteIdentity(ctx context.Context, namespace, name string) error
+	// CreateClaim returns ErrQuota or *AllocationRetainedError as the
+	// address service answers.
+	CreateClaim(ctx context.Context, c Claim) (Claim, error)
+	GetClaim(ctx context.Context, namespace, name string) (Claim, error)
+	ListClaims(ctx context.Context, namespace string) ([]Claim, error)
+	// DeleteClaim deletes only the claim with uid (ErrPrecondition).
+	DeleteClaim(ctx context.Context, namespace, name string, uid types.UID) error
+	GetAllocation(ctx context.Context, namespace, name string) (Allocation, error)
+	// Event records an event on a network.
+	Event(ctx context.Context, n Network, warning bool, reason, message string)
+}
+
+// NetworkCache answers from the informer's cache whether a network exists.
+type NetworkCache interface {
+	Exists(namespace, name string) bool
+}
+
+// Placement places networks at locations; collecting a network unplaces it.
+// Placement itself is not this package's concern.
+type Placement interface {
+	Unplace(ctx context.Context, namespace, name string) error
+}
+
+// NoPlacement does nothing: the default placement seam.
+type NoPlacement struct{}
+
+// Unplace implements Placement.
+func (NoPlacement) Unplace(context.Context, string, string) error { return nil }

@@ -1,0 +1,427 @@
+package hubctl_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/datum-cloud/galactic-node/hubctl"
+	"github.com/datum-cloud/galactic-node/internal/clustertest"
+)
+
+func TestMain(m *testing.M) { os.Exit(clustertest.Main(m)) }
+
+const quotaResource = "count/ipclaims.ipam.miloapis.com"
+
+// standIn is the address service, standing in for the real one in the test
+// process: it binds each new claim to an allocation named after it with the
+// claim's policy recorded, holds a finalizer on claims so that deleting one
+// keeps a Retain allocation (claimRef cleared) and deletes the others, and
+// recounts the quota's usage, which nothing else does without
+// kube-controller-manager.
+type standIn struct {
+	dyn  dynamic.Interface
+	cs   kubernetes.Interface
+	ns   string
+	mu   sync.Mutex
+	next int
+}
+
+const finalizer = "ipam.miloapis.com/allocation"
+
+func (s *standIn) run(ctx context.Context, t testing.TB) {
+	for {
+		if err := s.step(ctx); err != nil && ctx.Err() == nil && !apierrors.IsConflict(err) && !apierrors.IsNotFound(err) {
+			t.Logf("address service stand-in: %v", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+func (s *standIn) step(ctx context.Context) error {
+	claims := s.dyn.Resource(hubctl.ClaimResource).Namespace(s.ns)
+	allocs := s.dyn.Resource(hubctl.AllocationResource).Namespace(s.ns)
+	list, err := claims.List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return err
+	}
+	for i := range list.Items {
+		c := &list.Items[i]
+		allocName := hubctl.AllocationName(s.ns, c.GetName())
+		if c.GetDeletionTimestamp() != nil {
+			if a, err := allocs.Get(ctx, allocName, metav1.GetOptions{}); err == nil {
+				if policy, _, _ := unstructured.NestedString(a.Object, "spec", "reclaimPolicy"); policy == hubctl.PolicyRetain {
+					unstructured.RemoveNestedField(a.Object, "spec", "claimRef")
+					if _, err := allocs.Update(ctx, a, metav1.UpdateOptions{}); err != nil {
+						return err
+					}
+				} else if err := allocs.Delete(ctx, allocName, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+					return err
+				}
+			}
+			c.SetFinalizers(nil)
+			if _, err := claims.Update(ctx, c, metav1.UpdateOptions{}); err != nil {
+				return err
+			}
+			continue
+		}
+		if phase, _, _ := unstructured.NestedString(c.Object, "status", "phase"); phase == "Bound" {
+			continue
+		}
+		if len(c.GetFinalizers()) == 0 {
+			c.SetFinalizers([]string{finalizer})
+			if c, err = claims.Update(ctx, c, metav1.UpdateOptions{}); err != nil {
+				return err
+			}
+		}
+		policy, _, _ := unstructured.NestedString(c.Object, "spec", "reclaimPolicy")
+		if policy == "" {
+			policy = hubctl.PolicyDelete
+		}
+		s.mu.Lock()
+		s.next++
+		block := fmt.Sprintf("fd00:0:%x:%x::/64", s.next>>16, s.next&0xffff)
+		s.mu.Unlock()
+		a := &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": "ipam.miloapis.com/v1alpha1", "kind": "IPAllocation",
+			"metadata": map[string]any{"namespace": s.ns, "name": allocName},
+			"spec":     map[string]any{"claimRef": map[string]any{"name": c.GetName()}, "reclaimPolicy": policy},
+		}}
+		created, err := allocs.Create(ctx, a, metav1.CreateOptions{})
+		if err != nil {
+			return err
+		}
+		created.Object["status"] = map[string]any{"phase": "Bound", "allocatedCIDR": block}
+		if _, err := allocs.UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+			return err
+		}
+		c.Object["status"] = map[string]any{"phase": "Bound", "allocatedCIDR": block, "boundAllocationRef": map[string]any{"name": allocName}}
+		if _, err := claims.UpdateStatus(ctx, c, metav1.UpdateOptions{}); err != nil {
+			return err
+		}
+	}
+	return s.recount(ctx, len(list.Items))
+}
+
+func (s *standIn) recount(ctx context.Context, used int) error {
+	rqs := s.cs.CoreV1().ResourceQuotas(s.ns)
+	list, err := rqs.List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return err
+	}
+	for i := range list.Items {
+		rq := &list.Items[i]
+		want := resource.MustParse(fmt.Sprint(used))
+		if got, ok := rq.Status.Used[quotaResource]; ok && got.Cmp(want) == 0 && rq.Status.Hard != nil {
+			continue
+		}
+		rq.Status.Hard = rq.Spec.Hard
+		rq.Status.Used = corev1.ResourceList{quotaResource: want}
+		if _, err := rqs.UpdateStatus(ctx, rq, metav1.UpdateOptions{}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+type hub struct {
+	cluster *clustertest.Cluster
+	dyn     dynamic.Interface
+	cs      kubernetes.Interface
+	ns      string
+}
+
+// newHub prepares a platform namespace with a quota of quota claims and the
+// address service stand-in running.
+func newHub(t testing.TB, quota int) *hub { return newHubWith(t, quota, true) }
+
+func newHubWith(t testing.TB, quota int, addressService bool) *hub {
+	t.Helper()
+	cluster := clustertest.Shared(t)
+	cs, err := kubernetes.NewForConfig(cluster.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &hub{cluster: cluster, dyn: cluster.Client, cs: cs, ns: fmt.Sprintf("platform-%d", time.Now().UnixNano()%1e9)}
+	ctx := context.Background()
+	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: h.ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.CoreV1().ResourceQuotas(h.ns).Create(ctx, &corev1.ResourceQuota{
+		ObjectMeta: metav1.ObjectMeta{Name: "claims"},
+		Spec:       corev1.ResourceQuotaSpec{Hard: corev1.ResourceList{quotaResource: resource.MustParse(fmt.Sprint(quota))}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	s := &standIn{dyn: h.dyn, cs: cs, ns: h.ns}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	if addressService {
+		go s.run(ctx, t)
+	} else if err := s.recount(ctx, 0); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the quota's status", func() bool {
+		rq, err := cs.CoreV1().ResourceQuotas(h.ns).Get(ctx, "claims", metav1.GetOptions{})
+		return err == nil && rq.Status.Hard != nil
+	})
+	return h
+}
+
+func waitFor(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (h *hub) network(t testing.TB, ns, name string) {
+	t.Helper()
+	h.cluster.Apply(t, hubctl.NetworkResource, &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "networking.datumapis.com/v1alpha", "kind": "Network",
+		"metadata": map[string]any{"namespace": ns, "name": name}, "spec": map[string]any{},
+	}})
+}
+
+func (h *hub) identity(ns, name string) (int64, bool) {
+	u, err := h.dyn.Resource(hubctl.FabricIdentityResource).Namespace(ns).Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
+		return 0, false
+	}
+	id, _, _ := unstructured.NestedInt64(u.Object, "spec", "identity")
+	return id, true
+}
+
+type instance struct {
+	ctl     *hubctl.Controller
+	metrics *hubctl.Metrics
+	cancel  context.CancelFunc
+	done    chan struct{}
+}
+
+// start runs a controller; with lease set it campaigns for that Lease and
+// acts only as leader.
+func (h *hub) start(t testing.TB, id, lease string) *instance {
+	t.Helper()
+	m, err := hubctl.NewMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := &instance{metrics: m, done: make(chan struct{})}
+	networks, err := hubctl.NewNetworkInformer(h.dyn, func(ns, name string) { in.ctl.Enqueue(ns, name) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	in.ctl = hubctl.New(hubctl.NewKube(h.dyn, h.cs, "galactic-hubctl-test"), networks, nil, m, nil,
+		hubctl.Config{PlatformNamespace: h.ns, BaseDelay: 50 * time.Millisecond, MaxDelay: time.Second})
+	ctx, cancel := context.WithCancel(context.Background())
+	in.cancel = cancel
+	go networks.Run(ctx)
+	run := func(ctx context.Context) {
+		if cache.WaitForCacheSync(ctx.Done(), networks.HasSynced) {
+			in.ctl.Run(ctx)
+		}
+	}
+	go func() {
+		defer close(in.done)
+		if lease == "" {
+			run(ctx)
+			return
+		}
+		timing := hubctl.LeaseTiming{Duration: 3 * time.Second, RenewDeadline: 2 * time.Second, RetryPeriod: 200 * time.Millisecond}
+		if err := hubctl.RunAsLeader(ctx, h.cs, h.ns, lease, id, timing, run); err != nil {
+			t.Error(err)
+		}
+	}()
+	t.Cleanup(in.stop)
+	return in
+}
+
+func (in *instance) stop() {
+	in.cancel()
+	<-in.done
+}
+
+// TestAGoneNetworkGivesItsQuotaUnitBackOnARealAPIServer: with a real
+// ResourceQuota of one claim, B is refused with a real 403 while A holds the
+// unit, and admitted once A is gone; A's block stays retained.
+func TestAGoneNetworkGivesItsQuotaUnitBackOnARealAPIServer(t *testing.T) {
+	h := newHub(t, 1)
+	in := h.start(t, "", "")
+	h.network(t, "team-a", "net-a")
+	waitFor(t, "A's identity", func() bool { _, ok := h.identity("team-a", "net-a"); return ok })
+	idA, _ := h.identity("team-a", "net-a")
+
+	h.network(t, "team-a", "net-b")
+	waitFor(t, "B refused by the quota", func() bool { return testutil.ToFloat64(quotaRefusals(in.metrics)) >= 2 })
+	if _, ok := h.identity("team-a", "net-b"); ok {
+		t.Fatal("B got an identity while the quota was full")
+	}
+	events, _ := h.cs.CoreV1().Events("team-a").List(context.Background(), metav1.ListOptions{})
+	found := false
+	for _, e := range events.Items {
+		found = found || (e.Reason == "FabricIdentityQuotaExceeded" && e.InvolvedObject.Name == "net-b")
+	}
+	if !found {
+		t.Error("no quota event on network B")
+	}
+
+	h.cluster.Delete(t, hubctl.NetworkResource, "team-a", "net-a")
+	waitFor(t, "B's identity after A's release", func() bool { _, ok := h.identity("team-a", "net-b"); return ok })
+	idB, _ := h.identity("team-a", "net-b")
+	if idB == idA {
+		t.Fatalf("B got A's identity %d: A's block was reissued", idA)
+	}
+	if _, ok := h.identity("team-a", "net-a"); ok {
+		t.Fatal("the gone network's identity is still there")
+	}
+	alloc, err := h.dyn.Resource(hubctl.AllocationResource).Namespace(h.ns).Get(context.Background(),
+		hubctl.AllocationName(h.ns, hubctl.ClaimName("team-a", "net-a")), metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("A's allocation: %v; want it retained", err)
+	}
+	if ref, _, _ := unstructured.NestedString(alloc.Object, "spec", "claimRef", "name"); ref != "" {
+		t.Fatalf("A's allocation still names claim %q", ref)
+	}
+}
+
+func quotaRefusals(m *hubctl.Metrics) prometheus.Collector { return hubctl.QuotaRefusals(m) }
+
+// TestOnlyTheLeaderActsAndStoppingItHandsOver runs two instances on one
+// Lease: the leader alone writes identities; stopped, it releases the Lease
+// and the other continues.
+func TestOnlyTheLeaderActsAndStoppingItHandsOver(t *testing.T) {
+	h := newHub(t, 10)
+	one := h.start(t, "one", "galactic-hubctl")
+	waitFor(t, "one leading", func() bool { return holder(t, h) == "one" })
+	two := h.start(t, "two", "galactic-hubctl")
+	h.network(t, "team-b", "first")
+	waitFor(t, "the first identity", func() bool { _, ok := h.identity("team-b", "first"); return ok })
+	time.Sleep(300 * time.Millisecond)
+	if w1, w2 := written(one), written(two); w1 != 1 || w2 != 0 {
+		t.Fatalf("identities written: leader %v, follower %v; want 1 and 0", w1, w2)
+	}
+
+	one.stop()
+	waitFor(t, "two leading", func() bool { return holder(t, h) == "two" })
+	h.network(t, "team-b", "second")
+	waitFor(t, "the second identity", func() bool { _, ok := h.identity("team-b", "second"); return ok })
+	if w2 := written(two); w2 != 1 {
+		t.Fatalf("the new leader wrote %v identities, want 1", w2)
+	}
+}
+
+func written(in *instance) float64 { return testutil.ToFloat64(hubctl.IdentitiesWritten(in.metrics)) }
+
+func holder(t testing.TB, h *hub) string {
+	l, err := h.cs.CoordinationV1().Leases(h.ns).Get(context.Background(), "galactic-hubctl", metav1.GetOptions{})
+	if err != nil || l.Spec.HolderIdentity == nil {
+		return ""
+	}
+	return *l.Spec.HolderIdentity
+}
+
+// seedGoneClaims creates n bound fabric-identity claims with Retain
+// allocations for networks that do not exist, as a hub left with n gone
+// networks would be. No finalizers: the release and the peer delete alike
+// remove the claim at once.
+func (h *hub) seedGoneClaims(b *testing.B, n int, round int) []string {
+	b.Helper()
+	ctx := context.Background()
+	claims := h.dyn.Resource(hubctl.ClaimResource).Namespace(h.ns)
+	allocs := h.dyn.Resource(hubctl.AllocationResource).Namespace(h.ns)
+	names := make([]string, n)
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 16)
+	for i := range n {
+		names[i] = hubctl.ClaimName("gone", fmt.Sprintf("net-%d-%d", round, i))
+		wg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			alloc := hubctl.AllocationName(h.ns, names[i])
+			_, err := allocs.Create(ctx, &unstructured.Unstructured{Object: map[string]any{
+				"apiVersion": "ipam.miloapis.com/v1alpha1", "kind": "IPAllocation",
+				"metadata": map[string]any{"namespace": h.ns, "name": alloc},
+				"spec":     map[string]any{"claimRef": map[string]any{"name": names[i]}, "reclaimPolicy": "Retain"},
+			}}, metav1.CreateOptions{})
+			if err != nil && !apierrors.IsAlreadyExists(err) {
+				b.Error(err)
+				return
+			}
+			_, err = claims.Create(ctx, &unstructured.Unstructured{Object: map[string]any{
+				"apiVersion": "ipam.miloapis.com/v1alpha1", "kind": "IPClaim",
+				"metadata": map[string]any{"namespace": h.ns, "name": names[i]},
+				"spec":     map[string]any{"ipFamily": "IPv6", "prefixLength": int64(64), "reclaimPolicy": "Retain"},
+			}}, metav1.CreateOptions{})
+			if err != nil {
+				b.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	return names
+}
+
+// BenchmarkRelease1000ClaimsOfGoneNetworks times the controller releasing
+// the claims of 1,000 gone networks (direct read of each network, identity
+// delete, claim and allocation reads, UID-preconditioned delete) against
+// bare client-go deletes of 1,000 such claims, in the same run.
+func BenchmarkRelease1000ClaimsOfGoneNetworks(b *testing.B) {
+	const n = 1000
+	h := newHubWith(b, 10*n, false) // nothing to bind: claims are seeded bound
+	m, _ := hubctl.NewMetrics(prometheus.NewRegistry())
+	ctl := hubctl.New(hubctl.NewKube(h.dyn, h.cs, "bench"), noNetworks{}, nil, m, nil, hubctl.Config{PlatformNamespace: h.ns})
+	claims := h.dyn.Resource(hubctl.ClaimResource).Namespace(h.ns)
+	var ours, bare time.Duration
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		h.seedGoneClaims(b, n, 2*i)
+		start := time.Now()
+		b.StartTimer()
+		ctl.Sweep(context.Background())
+		b.StopTimer()
+		ours += time.Since(start)
+		if left, _ := claims.List(context.Background(), metav1.ListOptions{}); len(left.Items) != 0 {
+			b.Fatalf("%d claims left after the release", len(left.Items))
+		}
+
+		names := h.seedGoneClaims(b, n, 2*i+1)
+		start = time.Now()
+		for _, name := range names {
+			if err := claims.Delete(context.Background(), name, metav1.DeleteOptions{}); err != nil {
+				b.Fatal(err)
+			}
+		}
+		bare += time.Since(start)
+	}
+	per := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / float64(b.N) }
+	b.ReportMetric(per(bare), "bare-delete-ns/op")
+	b.ReportMetric(per(ours)/per(bare), "x-of-bare-delete")
+	b.ReportMetric(per(ours)/n, "ns/claim")
+}
+
+type noNetworks struct{}
+
+func (noNetworks) Exists(string, string) bool { return false }

@@ -1,0 +1,358 @@
+package hubctl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"k8s.io/client-go/util/workqueue"
+)
+
+// Key names a network.
+type Key struct{ Namespace, Name string }
+
+func (k Key) String() string { return k.Namespace + "/" + k.Name }
+
+// Config tunes a Controller.
+type Config struct {
+	// PlatformNamespace holds every fabric-identity claim (the platform's
+	// one project).
+	PlatformNamespace string
+	// ClassName is the claims' address class; empty leaves it to the
+	// address service's default.
+	ClassName string
+	// Workers reconciling in parallel. Default 2.
+	Workers int
+	// Backoff bounds the per-network retry delay. Defaults 1 s and 5 min.
+	BaseDelay, MaxDelay time.Duration
+}
+
+// Controller reconciles networks' fabric identities.
+type Controller struct {
+	api     API
+	cache   NetworkCache
+	place   Placement
+	metrics *Metrics
+	log     *slog.Logger
+	cfg     Config
+	queue   workqueue.TypedRateLimitingInterface[Key]
+
+	mu      sync.Mutex
+	refused map[string]bool // claims whose release is kept or refused
+}
+
+// New returns a Controller. metrics may be nil; place nil means NoPlacement.
+func New(api API, cache NetworkCache, place Placement, metrics *Metrics, log *slog.Logger, cfg Config) *Controller {
+	if place == nil {
+		place = NoPlacement{}
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Workers <= 0 {
+		cfg.Workers = 2
+	}
+	if cfg.BaseDelay <= 0 {
+		cfg.BaseDelay = time.Second
+	}
+	if cfg.MaxDelay <= 0 {
+		cfg.MaxDelay = 5 * time.Minute
+	}
+	return &Controller{
+		api: api, cache: cache, place: place, metrics: metrics, log: log, cfg: cfg,
+		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
+			workqueue.NewTypedItemExponentialFailureRateLimiter[Key](cfg.BaseDelay, cfg.MaxDelay),
+			workqueue.TypedRateLimitingQueueConfig[Key]{Name: "networks"}),
+		refused: map[string]bool{},
+	}
+}
+
+// Enqueue asks for namespace/name to be reconciled.
+func (c *Controller) Enqueue(namespace, name string) { c.queue.Add(Key{namespace, name}) }
+
+// Run sweeps once, then reconciles queued networks until ctx ends. Call it
+// on the leader only, after the network cache has synced.
+func (c *Controller) Run(ctx context.Context) {
+	defer c.queue.ShutDown()
+	c.Sweep(ctx)
+	var wg sync.WaitGroup
+	for range c.cfg.Workers {
+		wg.Go(func() {
+			for c.processNext(ctx) {
+			}
+		})
+	}
+	<-ctx.Done()
+	c.queue.ShutDown()
+	wg.Wait()
+}
+
+func (c *Controller) processNext(ctx context.Context) bool {
+	key, quit := c.queue.Get()
+	if quit {
+		return false
+	}
+	defer c.queue.Done(key)
+	if err := c.Reconcile(ctx, key); err != nil {
+		c.log.Warn("reconcile failed, retrying with backoff", "network", key.String(), "error", err,
+			"retries", c.queue.NumRequeues(key))
+		c.queue.AddRateLimited(key)
+		return true
+	}
+	c.queue.Forget(key)
+	return true
+}
+
+// Reconcile brings one network's identity to what the cache says: ensured
+// for a live network, collected for a gone one.
+func (c *Controller) Reconcile(ctx context.Context, key Key) error {
+	if c.cache.Exists(key.Namespace, key.Name) {
+		return c.ensure(ctx, key)
+	}
+	return c.collect(ctx, key)
+}
+
+// errNotBound: the claim exists but the address service has not bound it.
+var errNotBound = errors.New("claim not bound yet")
+
+func (c *Controller) ensure(ctx context.Context, key Key) error {
+	if _, err := c.api.GetIdentity(ctx, key.Namespace, key.Name); err == nil {
+		return nil // identities are immutable: nothing to do
+	} else if !errors.Is(err, ErrNotFound) {
+		return fmt.Errorf("read identity of %s: %w", key, err)
+	}
+	name := ClaimName(key.Namespace, key.Name)
+	claim, err := c.api.GetClaim(ctx, c.cfg.PlatformNamespace, name)
+	var block string
+	switch {
+	case err == nil:
+		if claim.Phase != "Bound" || claim.AllocatedCIDR == "" {
+			return fmt.Errorf("claim %s of %s: %w (phase %q)", name, key, errNotBound, claim.Phase)
+		}
+		block = claim.AllocatedCIDR
+	case errors.Is(err, ErrNotFound):
+		block, err = c.claim(ctx, key, name)
+		if err != nil {
+			return err
+		}
+		if block == "" {
+			return fmt.Errorf("claim %s of %s: %w", name, key, errNotBound)
+		}
+	default:
+		return fmt.Errorf("read claim %s of %s: %w", name, key, err)
+	}
+	id, err := IdentityFromBlock(block)
+	if err != nil {
+		return fmt.Errorf("identity of %s from claim %s: %w", key, name, err)
+	}
+	if err := c.api.CreateIdentity(ctx, FabricIdentity{Namespace: key.Namespace, Name: key.Name, Identity: id, NetworkRef: key.Name}); err != nil {
+		return fmt.Errorf("write identity of %s: %w", key, err)
+	}
+	if c.metrics != nil {
+		c.metrics.identitiesMade.Inc()
+	}
+	c.log.Info("fabric identity written", "network", key.String(), "identity", id, "block", block, "claim", name)
+	return nil
+}
+
+// claim creates the network's claim. It returns the block when it is known
+// at once: from a retained allocation the address service points at, which
+// is adopted instead of claiming a second block.
+func (c *Controller) claim(ctx context.Context, key Key, name string) (string, error) {
+	created, err := c.api.CreateClaim(ctx, Claim{
+		Namespace: c.cfg.PlatformNamespace, Name: name, NetworkNamespace: key.Namespace, NetworkName: key.Name,
+		ClassName: c.cfg.ClassName, PrefixLength: 64, ReclaimPolicy: PolicyRetain,
+	})
+	var retained *AllocationRetainedError
+	switch {
+	case err == nil:
+		c.log.Info("fabric identity claimed", "network", key.String(), "claim", name)
+		return created.AllocatedCIDR, nil
+	case errors.As(err, &retained):
+		alloc, err := c.api.GetAllocation(ctx, c.cfg.PlatformNamespace, retained.Allocation)
+		if err != nil {
+			return "", fmt.Errorf("adopt retained allocation %s for %s: %w", retained.Allocation, key, err)
+		}
+		c.log.Info("retained allocation adopted, no second block claimed", "network", key.String(),
+			"allocation", alloc.Name, "block", alloc.AllocatedCIDR)
+		return alloc.AllocatedCIDR, nil
+	case errors.Is(err, ErrQuota):
+		if c.metrics != nil {
+			c.metrics.quotaRefusals.Inc()
+		}
+		c.api.Event(ctx, Network{Namespace: key.Namespace, Name: key.Name}, true, "FabricIdentityQuotaExceeded",
+			"the platform's quota on address claims refused claim "+name+"; retrying with backoff")
+		return "", fmt.Errorf("claim %s for %s: %w", name, key, err)
+	default:
+		return "", fmt.Errorf("claim %s for %s: %w", name, key, err)
+	}
+}
+
+// collect takes a network the cache reads as gone: only after a direct read
+// confirms it, the identity, the placement and the claim are given back.
+func (c *Controller) collect(ctx context.Context, key Key) error {
+	_, err := c.api.GetNetwork(ctx, key.Namespace, key.Name)
+	switch {
+	case err == nil:
+		c.log.Info("network the cache reads as gone still lives; nothing collected", "network", key.String())
+		return nil
+	case !errors.Is(err, ErrNotFound):
+		return fmt.Errorf("confirm %s is gone: %w", key, err)
+	}
+	if err := c.api.DeleteIdentity(ctx, key.Namespace, key.Name); err != nil && !errors.Is(err, ErrNotFound) {
+		return fmt.Errorf("delete identity of %s: %w", key, err)
+	}
+	if err := c.place.Unplace(ctx, key.Namespace, key.Name); err != nil {
+		return fmt.Errorf("unplace %s: %w", key, err)
+	}
+	result, err := c.release(ctx, ClaimName(key.Namespace, key.Name))
+	c.countRelease(ClaimName(key.Namespace, key.Name), result, false)
+	if err != nil {
+		return fmt.Errorf("release claim of %s: %w", key, err)
+	}
+	return nil
+}
+
+// release deletes a gone network's claim when its allocation is recorded
+// Retain, with the claim's UID as precondition.
+func (c *Controller) release(ctx context.Context, name string) (string, error) {
+	if !strings.HasPrefix(name, ClaimPrefix) {
+		return ReleaseKept, fmt.Errorf("claim %s is not a fabric-identity claim: never touched", name)
+	}
+	ns := c.cfg.PlatformNamespace
+	claim, err := c.api.GetClaim(ctx, ns, name)
+	if errors.Is(err, ErrNotFound) {
+		return ReleaseReleased, nil
+	}
+	if err != nil {
+		return ReleaseError, fmt.Errorf("read claim %s: %w", name, err)
+	}
+	allocName := claim.BoundAllocation
+	if allocName == "" {
+		allocName = AllocationName(ns, name)
+	}
+	alloc, err := c.api.GetAllocation(ctx, ns, allocName)
+	switch {
+	case errors.Is(err, ErrNotFound):
+		return ReleaseKept, fmt.Errorf("claim %s kept: its allocation %s is missing, so nothing proves its block would stay retained", name, allocName)
+	case err != nil:
+		return ReleaseError, fmt.Errorf("read allocation %s of claim %s: %w", allocName, name, err)
+	case alloc.ReclaimPolicy != PolicyRetain:
+		return ReleaseKept, fmt.Errorf("claim %s kept: allocation %s is recorded reclaimPolicy %q, not Retain, so deleting the claim would free its block for reissue",
+			name, allocName, alloc.ReclaimPolicy)
+	}
+	err = c.api.DeleteClaim(ctx, ns, name, claim.UID)
+	switch {
+	case err == nil, errors.Is(err, ErrNotFound):
+		c.log.Info("fabric-identity claim released; its block stays retained", "claim", name, "allocation", allocName, "block", alloc.AllocatedCIDR)
+		return ReleaseReleased, nil
+	case errors.Is(err, ErrPrecondition):
+		return ReleaseError, fmt.Errorf("claim %s was re-created during release; the new one is not deleted: %w", name, err)
+	case errors.Is(err, ErrRefused):
+		return ReleaseRefused, fmt.Errorf("delete claim %s: %w", name, err)
+	default:
+		return ReleaseError, fmt.Errorf("delete claim %s: %w", name, err)
+	}
+}
+
+func (c *Controller) countRelease(claim, result string, sweep bool) {
+	c.mu.Lock()
+	switch result {
+	case ReleaseKept, ReleaseRefused:
+		c.refused[claim] = true
+	case ReleaseReleased:
+		delete(c.refused, claim)
+	}
+	n := len(c.refused)
+	c.mu.Unlock()
+	if c.metrics == nil {
+		return
+	}
+	if sweep {
+		c.metrics.sweep.WithLabelValues(result).Inc()
+	} else {
+		c.metrics.releases.WithLabelValues(result).Inc()
+	}
+	c.metrics.refused.Set(float64(n))
+}
+
+// Sweep releases, once, every fabric-identity claim whose network a direct
+// read finds gone, so that a restart while a release was failing leaks
+// nothing. Claims of live networks, and claims not named fabric-identity.*,
+// are left alone. A network it cannot settle is queued for the workers.
+func (c *Controller) Sweep(ctx context.Context) {
+	claims, err := c.api.ListClaims(ctx, c.cfg.PlatformNamespace)
+	if err != nil {
+		c.log.Warn("startup sweep could not list claims", "error", err)
+		if c.metrics != nil {
+			c.metrics.sweep.WithLabelValues(ReleaseError).Inc()
+		}
+		return
+	}
+	// Claims are settled concurrently, a few at a time: each takes several
+	// round trips, and a hub restarting after an outage may find thousands.
+	sem := make(chan struct{}, sweepConcurrency)
+	var wg sync.WaitGroup
+	for _, cl := range claims {
+		if !strings.HasPrefix(cl.Name, ClaimPrefix) {
+			continue
+		}
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			c.sweepClaim(ctx, cl)
+		})
+	}
+	wg.Wait()
+}
+
+const sweepConcurrency = 8
+
+func (c *Controller) sweepClaim(ctx context.Context, cl Claim) {
+	count := func(result string) {
+		if c.metrics != nil {
+			c.metrics.sweep.WithLabelValues(result).Inc()
+		}
+	}
+	ns, name := cl.NetworkNamespace, cl.NetworkName
+	if ns == "" || name == "" {
+		var ok bool
+		if ns, name, ok = NetworkOfClaim(cl.Name); !ok {
+			c.log.Warn("startup sweep: claim names no network; left alone", "claim", cl.Name)
+			return
+		}
+	}
+	if ClaimName(ns, name) != cl.Name {
+		c.log.Warn("startup sweep: claim does not match the network it names; left alone", "claim", cl.Name, "network", ns+"/"+name)
+		return
+	}
+	_, err := c.api.GetNetwork(ctx, ns, name)
+	if err == nil {
+		count("live")
+		return
+	}
+	if !errors.Is(err, ErrNotFound) {
+		c.queue.AddRateLimited(Key{ns, name})
+		count(ReleaseError)
+		return
+	}
+	if err := c.collect(ctx, Key{ns, name}); err != nil {
+		c.log.Warn("startup sweep: release failed, retrying with backoff", "claim", cl.Name, "error", err)
+		c.queue.AddRateLimited(Key{ns, name})
+		count(ReleaseError)
+		return
+	}
+	count(ReleaseReleased)
+}
+
+// RefusedClaims returns the claims whose release is currently kept or
+// refused.
+func (c *Controller) RefusedClaims() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.refused)
+}

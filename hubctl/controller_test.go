@@ -1,0 +1,287 @@
+package hubctl
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+const platform = "platform"
+
+type scene struct {
+	svc   *addressService
+	cache fakeCache
+	c     *Controller
+	m     *Metrics
+}
+
+func newScene(t *testing.T, quota int) *scene {
+	t.Helper()
+	m, err := NewMetrics(prometheus.NewPedanticRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &scene{svc: newAddressService(quota), cache: fakeCache{}, m: m}
+	s.c = New(s.svc, s.cache, nil, m, nil, Config{PlatformNamespace: platform})
+	return s
+}
+
+func (s *scene) live(ns, name string) {
+	s.svc.addNetwork(ns, name)
+	s.cache[Key{ns, name}] = true
+}
+
+func (s *scene) gone(ns, name string) {
+	s.svc.deleteNetwork(ns, name)
+	delete(s.cache, Key{ns, name})
+}
+
+func (s *scene) reconcile(t *testing.T, ns, name string) error {
+	t.Helper()
+	return s.c.Reconcile(context.Background(), Key{ns, name})
+}
+
+func (s *scene) identity(ns, name string) (uint32, bool) {
+	id, err := s.svc.GetIdentity(context.Background(), ns, name)
+	return id.Identity, err == nil
+}
+
+// Guards release: without giving the gone network's claim back, the quota
+// of 1 refuses network B.
+func TestAGoneNetworkGivesItsQuotaUnitBack(t *testing.T) {
+	s := newScene(t, 1)
+	s.live("team", "a")
+	if err := s.reconcile(t, "team", "a"); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := s.identity("team", "a"); !ok {
+		t.Fatal("network A has no identity")
+	}
+	s.live("team", "b")
+	if err := s.reconcile(t, "team", "b"); !errors.Is(err, ErrQuota) {
+		t.Fatalf("B while A holds the only unit: %v, want ErrQuota", err)
+	}
+	if len(s.svc.events) != 1 || !strings.Contains(s.svc.events[0], "FabricIdentityQuotaExceeded") {
+		t.Fatalf("events: %v", s.svc.events)
+	}
+	if v := testutil.ToFloat64(s.m.quotaRefusals); v != 1 {
+		t.Fatalf("quota refusals = %v", v)
+	}
+	s.gone("team", "a")
+	if err := s.reconcile(t, "team", "a"); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := s.identity("team", "a"); ok {
+		t.Fatal("the gone network's identity was kept")
+	}
+	if err := s.reconcile(t, "team", "b"); err != nil {
+		t.Fatalf("B after A's release: %v", err)
+	}
+	if _, ok := s.identity("team", "b"); !ok {
+		t.Fatal("network B has no identity")
+	}
+	if v := testutil.ToFloat64(s.m.releases.WithLabelValues(ReleaseReleased)); v != 1 {
+		t.Fatalf("released = %v", v)
+	}
+}
+
+// Guards adoption: a returning name gets the block it gave up, and no
+// second block is claimed.
+func TestAReturningNameAdoptsTheBlockItGaveUp(t *testing.T) {
+	s := newScene(t, 5)
+	s.live("team", "a")
+	if err := s.reconcile(t, "team", "a"); err != nil {
+		t.Fatal(err)
+	}
+	first, _ := s.identity("team", "a")
+	s.gone("team", "a")
+	if err := s.reconcile(t, "team", "a"); err != nil {
+		t.Fatal(err)
+	}
+	s.live("team", "a")
+	if err := s.reconcile(t, "team", "a"); err != nil {
+		t.Fatal(err)
+	}
+	again, ok := s.identity("team", "a")
+	if !ok || again != first {
+		t.Fatalf("returning network got identity %d, want %d", again, first)
+	}
+	if s.svc.nextBlock != 1 {
+		t.Fatalf("%d blocks handed out, want 1", s.svc.nextBlock)
+	}
+}
+
+// Guards retry: a release refused once is retried by the next reconcile.
+func TestARefusedReleaseIsRetriedByTheNextReconcile(t *testing.T) {
+	s := newScene(t, 1)
+	s.live("team", "a")
+	_ = s.reconcile(t, "team", "a")
+	s.gone("team", "a")
+	s.svc.deleteClaimErr = errorsJoin(ErrRefused, errInjected)
+	if err := s.reconcile(t, "team", "a"); err == nil {
+		t.Fatal("a refused release reported success")
+	}
+	if s.c.RefusedClaims() != 1 || testutil.ToFloat64(s.m.refused) != 1 {
+		t.Fatalf("refused gauge = %v", testutil.ToFloat64(s.m.refused))
+	}
+	if err := s.reconcile(t, "team", "a"); err != nil {
+		t.Fatal(err)
+	}
+	if len(s.svc.claims) != 0 || testutil.ToFloat64(s.m.refused) != 0 {
+		t.Fatalf("claims left %d, refused gauge %v", len(s.svc.claims), testutil.ToFloat64(s.m.refused))
+	}
+}
+
+// Guards the direct read: a network the cache reads as gone while it lives
+// keeps its identity, placement and claim.
+func TestANetworkTheCacheMissesKeepsEverything(t *testing.T) {
+	s := newScene(t, 1)
+	s.live("team", "a")
+	_ = s.reconcile(t, "team", "a")
+	place := &recordingPlacement{}
+	s.c.place = place
+	delete(s.cache, Key{"team", "a"}) // stale cache; the network lives
+	if err := s.reconcile(t, "team", "a"); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := s.identity("team", "a"); !ok || len(s.svc.claims) != 1 || place.unplaced != 0 {
+		t.Fatal("a live network lost something")
+	}
+}
+
+// Guards the error path of the direct read: a read that fails collects
+// nothing and is retried.
+func TestAFailedDirectReadKeepsEverything(t *testing.T) {
+	s := newScene(t, 1)
+	s.live("team", "a")
+	_ = s.reconcile(t, "team", "a")
+	place := &recordingPlacement{}
+	s.c.place = place
+	s.gone("team", "a")
+	s.svc.getNetworkErr = errInjected
+	if err := s.reconcile(t, "team", "a"); !errors.Is(err, errInjected) {
+		t.Fatalf("reconcile = %v, want the read error", err)
+	}
+	if _, ok := s.identity("team", "a"); !ok || len(s.svc.claims) != 1 || place.unplaced != 0 {
+		t.Fatal("a network whose read failed lost something")
+	}
+}
+
+// Guards the policy check: a claim whose allocation is recorded other than
+// Retain is kept, with an error naming the allocation and its policy.
+func TestAClaimWhoseAllocationIsNotRetainIsKept(t *testing.T) {
+	s := newScene(t, 1)
+	s.svc.policyAtBind = PolicyDelete
+	s.live("team", "a")
+	_ = s.reconcile(t, "team", "a")
+	s.gone("team", "a")
+	err := s.reconcile(t, "team", "a")
+	alloc := AllocationName(platform, ClaimName("team", "a"))
+	if err == nil || !strings.Contains(err.Error(), alloc) || !strings.Contains(err.Error(), `"Delete"`) {
+		t.Fatalf("reconcile = %v; want an error naming %s and its policy", err, alloc)
+	}
+	if len(s.svc.claims) != 1 || testutil.ToFloat64(s.m.releases.WithLabelValues(ReleaseKept)) != 1 {
+		t.Fatal("the claim was not kept")
+	}
+}
+
+// Guards the missing-allocation check.
+func TestAClaimWhoseAllocationIsMissingIsKept(t *testing.T) {
+	s := newScene(t, 1)
+	s.live("team", "a")
+	_ = s.reconcile(t, "team", "a")
+	s.gone("team", "a")
+	for k := range s.svc.allocations {
+		delete(s.svc.allocations, k)
+	}
+	if err := s.reconcile(t, "team", "a"); err == nil || !strings.Contains(err.Error(), "missing") {
+		t.Fatalf("reconcile = %v", err)
+	}
+	if len(s.svc.claims) != 1 {
+		t.Fatal("the claim was deleted")
+	}
+}
+
+// Guards the UID precondition: a claim re-created mid-release under the
+// same name is not the one deleted.
+func TestAClaimRecreatedMidReleaseIsNotDeleted(t *testing.T) {
+	s := newScene(t, 2)
+	s.live("team", "a")
+	_ = s.reconcile(t, "team", "a")
+	s.gone("team", "a")
+	name := ClaimName("team", "a")
+	s.svc.beforeDelete = func(svc *addressService) {
+		svc.mu.Lock()
+		c := svc.claims[name]
+		c.UID = "re-created"
+		svc.claims[name] = c
+		svc.mu.Unlock()
+	}
+	if err := s.reconcile(t, "team", "a"); !errors.Is(err, ErrPrecondition) {
+		t.Fatalf("reconcile = %v, want ErrPrecondition", err)
+	}
+	if c, ok := s.svc.claims[name]; !ok || c.UID != "re-created" {
+		t.Fatal("the re-created claim was deleted")
+	}
+}
+
+// Guards the startup sweep: a restart while a release was failing leaks
+// nothing once the fault is gone.
+func TestTheStartupSweepReleasesWhatARestartLeftBehind(t *testing.T) {
+	s := newScene(t, 2)
+	s.live("team", "a")
+	s.live("team", "b")
+	_ = s.reconcile(t, "team", "a")
+	_ = s.reconcile(t, "team", "b")
+	s.gone("team", "a")
+	s.svc.deleteClaimErr = errorsJoin(ErrRefused, errInjected)
+	_ = s.reconcile(t, "team", "a") // fails; then the controller restarts
+	// A new controller, whose cache never saw network a.
+	m, _ := NewMetrics(prometheus.NewPedanticRegistry())
+	restarted := New(s.svc, s.cache, nil, m, nil, Config{PlatformNamespace: platform})
+	s.svc.mu.Lock()
+	s.svc.claims["not-ours.team.x"] = Claim{Namespace: platform, Name: "not-ours.team.x", UID: "x"}
+	s.svc.mu.Unlock()
+	restarted.Sweep(context.Background())
+	if _, ok := s.svc.claims[ClaimName("team", "a")]; ok {
+		t.Fatal("the sweep left the gone network's claim")
+	}
+	if _, ok := s.svc.claims[ClaimName("team", "b")]; !ok {
+		t.Fatal("the sweep released a live network's claim")
+	}
+	if _, ok := s.svc.claims["not-ours.team.x"]; !ok {
+		t.Fatal("the sweep touched a claim not named fabric-identity.*")
+	}
+	if v := testutil.ToFloat64(m.sweep.WithLabelValues(ReleaseReleased)); v != 1 {
+		t.Fatalf("sweep released = %v", v)
+	}
+}
+
+func TestAnUnparseableBlockIsAnErrorNeverIdentityZero(t *testing.T) {
+	s := newScene(t, 1)
+	s.live("team", "a")
+	s.svc.nextBlock = -1 // the next block is fd00:0:0:0::/64: identity 0
+	if err := s.reconcile(t, "team", "a"); !errors.Is(err, ErrBadBlock) {
+		t.Fatalf("reconcile = %v, want ErrBadBlock", err)
+	}
+	if _, ok := s.identity("team", "a"); ok {
+		t.Fatal("an identity was written from a block that yields none")
+	}
+}
+
+func TestAClaimNotOursIsNeverReleased(t *testing.T) {
+	s := newScene(t, 1)
+	if result, err := s.c.release(context.Background(), "someone-else.team.a"); err == nil || result != ReleaseKept {
+		t.Fatalf("release of a foreign claim = %s, %v", result, err)
+	}
+}
+
+type recordingPlacement struct{ unplaced int }
+
+func (p *recordingPlacement) Unplace(context.Context, string, string) error { p.unplaced++; return nil }
+
+func errorsJoin(errs ...error) error { return errors.Join(errs...) }

@@ -1,0 +1,197 @@
+package hubctl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// addressService models the hub for unit tests of the controller's logic:
+// the platform's quota on claims (ErrQuota past the limit), the address
+// service binding a claim and its allocation at once with the policy fixed
+// at bind, Retain on delete (allocation kept under the claim's name,
+// claimRef cleared), and the 409 AllocationRetained answer to a claim whose
+// name retained an allocation. The integration tests run the controller
+// against a real API server instead.
+type addressService struct {
+	mu          sync.Mutex
+	quota       int
+	networks    map[Key]Network
+	identities  map[Key]FabricIdentity
+	claims      map[string]Claim
+	allocations map[string]Allocation
+	nextBlock   int
+	uids        int
+	events      []string
+
+	// Faults and hooks, set by tests.
+	getNetworkErr  error
+	deleteClaimErr error                   // returned once
+	beforeDelete   func(s *addressService) // runs inside DeleteClaim, before the precondition check
+	policyAtBind   string                  // overrides the policy recorded on new allocations
+	deletedClaims  []string
+}
+
+func newAddressService(quota int) *addressService {
+	return &addressService{quota: quota, networks: map[Key]Network{}, identities: map[Key]FabricIdentity{},
+		claims: map[string]Claim{}, allocations: map[string]Allocation{}}
+}
+
+// cache is a network cache the test controls, separately from the truth.
+type fakeCache map[Key]bool
+
+func (c fakeCache) Exists(ns, name string) bool { return c[Key{ns, name}] }
+
+func (s *addressService) addNetwork(ns, name string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.uids++
+	s.networks[Key{ns, name}] = Network{Namespace: ns, Name: name, UID: types.UID(fmt.Sprint(s.uids))}
+}
+
+func (s *addressService) deleteNetwork(ns, name string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.networks, Key{ns, name})
+}
+
+func (s *addressService) GetNetwork(_ context.Context, ns, name string) (Network, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.getNetworkErr != nil {
+		return Network{}, s.getNetworkErr
+	}
+	n, ok := s.networks[Key{ns, name}]
+	if !ok {
+		return Network{}, ErrNotFound
+	}
+	return n, nil
+}
+
+func (s *addressService) GetIdentity(_ context.Context, ns, name string) (FabricIdentity, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	id, ok := s.identities[Key{ns, name}]
+	if !ok {
+		return FabricIdentity{}, ErrNotFound
+	}
+	return id, nil
+}
+
+func (s *addressService) CreateIdentity(_ context.Context, id FabricIdentity) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.identities[Key{id.Namespace, id.Name}] = id
+	return nil
+}
+
+func (s *addressService) DeleteIdentity(_ context.Context, ns, name string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.identities[Key{ns, name}]; !ok {
+		return ErrNotFound
+	}
+	delete(s.identities, Key{ns, name})
+	return nil
+}
+
+func (s *addressService) CreateClaim(_ context.Context, c Claim) (Claim, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.claims[c.Name]; ok {
+		return Claim{}, fmt.Errorf("claim %s exists: %w", c.Name, ErrRefused)
+	}
+	if len(s.claims) >= s.quota {
+		return Claim{}, fmt.Errorf("exceeded quota: count/ipclaims.ipam.miloapis.com=%d: %w", s.quota, ErrQuota)
+	}
+	allocName := AllocationName(c.Namespace, c.Name)
+	if a, ok := s.allocations[allocName]; ok && a.ClaimRef == "" {
+		return Claim{}, &AllocationRetainedError{Allocation: allocName}
+	}
+	s.nextBlock++
+	s.uids++
+	policy := c.ReclaimPolicy
+	if policy == "" {
+		policy = PolicyDelete
+	}
+	if s.policyAtBind != "" {
+		policy = s.policyAtBind
+	}
+	c.UID = types.UID(fmt.Sprint(s.uids))
+	c.Phase, c.AllocatedCIDR, c.BoundAllocation = "Bound", fmt.Sprintf("fd00:0:%x:%x::/64", s.nextBlock>>16, s.nextBlock&0xffff), allocName
+	s.claims[c.Name] = c
+	s.allocations[allocName] = Allocation{Namespace: c.Namespace, Name: allocName, ClaimRef: c.Name, ReclaimPolicy: policy, AllocatedCIDR: c.AllocatedCIDR}
+	return c, nil
+}
+
+func (s *addressService) GetClaim(_ context.Context, _, name string) (Claim, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c, ok := s.claims[name]
+	if !ok {
+		return Claim{}, ErrNotFound
+	}
+	return c, nil
+}
+
+func (s *addressService) ListClaims(context.Context, string) ([]Claim, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []Claim
+	for _, c := range s.claims {
+		out = append(out, c)
+	}
+	return out, nil
+}
+
+func (s *addressService) DeleteClaim(_ context.Context, _, name string, uid types.UID) error {
+	if s.beforeDelete != nil {
+		hook := s.beforeDelete
+		s.beforeDelete = nil
+		hook(s)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.deleteClaimErr; err != nil {
+		s.deleteClaimErr = nil
+		return err
+	}
+	c, ok := s.claims[name]
+	if !ok {
+		return ErrNotFound
+	}
+	if uid != "" && c.UID != uid { // an empty uid is a delete without precondition
+		return fmt.Errorf("uid %s, want %s: %w", c.UID, uid, ErrPrecondition)
+	}
+	delete(s.claims, name)
+	s.deletedClaims = append(s.deletedClaims, name)
+	a := s.allocations[c.BoundAllocation]
+	if a.ReclaimPolicy == PolicyRetain {
+		a.ClaimRef = ""
+		s.allocations[c.BoundAllocation] = a
+	} else {
+		delete(s.allocations, c.BoundAllocation) // the block is free for reissue
+	}
+	return nil
+}
+
+func (s *addressService) GetAllocation(_ context.Context, _, name string) (Allocation, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	a, ok := s.allocations[name]
+	if !ok {
+		return Allocation{}, ErrNotFound
+	}
+	return a, nil
+}
+
+func (s *addressService) Event(_ context.Context, n Network, _ bool, reason, msg string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.events = append(s.events, n.Namespace+"/"+n.Name+" "+reason+": "+msg)
+}
+
+var errInjected = errors.New("injected fault")

@@ -1,0 +1,273 @@
+package hubctl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+)
+
+// Resources the controller reads and writes.
+var (
+	NetworkResource        = schema.GroupVersionResource{Group: "networking.datumapis.com", Version: "v1alpha", Resource: "networks"}
+	FabricIdentityResource = schema.GroupVersionResource{Group: "cloud.datumapis.com", Version: "v1alpha1", Resource: "networkfabricidentities"}
+	ClaimResource          = schema.GroupVersionResource{Group: "ipam.miloapis.com", Version: "v1alpha1", Resource: "ipclaims"}
+	AllocationResource     = schema.GroupVersionResource{Group: "ipam.miloapis.com", Version: "v1alpha1", Resource: "ipallocations"}
+)
+
+// Annotations a claim carries to name its network, since a hashed claim
+// name cannot be read back.
+const (
+	AnnotationNetworkNamespace = "galactic.datum.net/network-namespace"
+	AnnotationNetworkName      = "galactic.datum.net/network-name"
+)
+
+// Kube is the API over a real API server.
+type Kube struct {
+	dyn    dynamic.Interface
+	events kubernetes.Interface
+	source string
+}
+
+// NewKube returns the API over dyn, recording events through cs as source.
+func NewKube(dyn dynamic.Interface, cs kubernetes.Interface, source string) *Kube {
+	return &Kube{dyn: dyn, events: cs, source: source}
+}
+
+// mapErr turns API errors into this package's sentinels, keeping the
+// original for its message.
+func mapErr(err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case apierrors.IsNotFound(err):
+		return fmt.Errorf("%w: %w", ErrNotFound, err)
+	case apierrors.IsForbidden(err) && strings.Contains(err.Error(), "exceeded quota"):
+		return fmt.Errorf("%w: %w", ErrQuota, err)
+	case apierrors.IsConflict(err) && strings.Contains(err.Error(), "Precondition failed: UID"):
+		return fmt.Errorf("%w: %w", ErrPrecondition, err)
+	case apierrors.IsForbidden(err), apierrors.IsInvalid(err), apierrors.IsAlreadyExists(err), apierrors.IsMethodNotSupported(err):
+		return fmt.Errorf("%w: %w", ErrRefused, err)
+	}
+	return err
+}
+
+func (k *Kube) get(ctx context.Context, gvr schema.GroupVersionResource, ns, name string) (*unstructured.Unstructured, error) {
+	u, err := k.dyn.Resource(gvr).Namespace(ns).Get(ctx, name, metav1.GetOptions{})
+	return u, mapErr(err)
+}
+
+// GetNetwork implements API with a direct read.
+func (k *Kube) GetNetwork(ctx context.Context, ns, name string) (Network, error) {
+	u, err := k.get(ctx, NetworkResource, ns, name)
+	if err != nil {
+		return Network{}, err
+	}
+	return Network{Namespace: ns, Name: name, UID: u.GetUID()}, nil
+}
+
+// GetIdentity implements API.
+func (k *Kube) GetIdentity(ctx context.Context, ns, name string) (FabricIdentity, error) {
+	u, err := k.get(ctx, FabricIdentityResource, ns, name)
+	if err != nil {
+		return FabricIdentity{}, err
+	}
+	id, _, _ := unstructured.NestedInt64(u.Object, "spec", "identity")
+	ref, _, _ := unstructured.NestedString(u.Object, "spec", "networkRef", "name")
+	return FabricIdentity{Namespace: ns, Name: name, Identity: uint32(id), NetworkRef: ref}, nil
+}
+
+// CreateIdentity implements API; an identity that exists already is kept.
+func (k *Kube) CreateIdentity(ctx context.Context, id FabricIdentity) error {
+	u := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "cloud.datumapis.com/v1alpha1", "kind": "NetworkFabricIdentity",
+		"metadata": map[string]any{"namespace": id.Namespace, "name": id.Name},
+		"spec":     map[string]any{"identity": int64(id.Identity), "networkRef": map[string]any{"name": id.NetworkRef}},
+	}}
+	_, err := k.dyn.Resource(FabricIdentityResource).Namespace(id.Namespace).Create(ctx, u, metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) {
+		return nil
+	}
+	return mapErr(err)
+}
+
+// DeleteIdentity implements API.
+func (k *Kube) DeleteIdentity(ctx context.Context, ns, name string) error {
+	return mapErr(k.dyn.Resource(FabricIdentityResource).Namespace(ns).Delete(ctx, name, metav1.DeleteOptions{}))
+}
+
+// CreateClaim implements API.
+func (k *Kube) CreateClaim(ctx context.Context, c Claim) (Claim, error) {
+	spec := map[string]any{"ipFamily": "IPv6", "prefixLength": int64(c.PrefixLength), "reclaimPolicy": c.ReclaimPolicy}
+	if c.ClassName != "" {
+		spec["className"] = c.ClassName
+	}
+	u := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "ipam.miloapis.com/v1alpha1", "kind": "IPClaim",
+		"metadata": map[string]any{"namespace": c.Namespace, "name": c.Name, "annotations": map[string]any{
+			AnnotationNetworkNamespace: c.NetworkNamespace, AnnotationNetworkName: c.NetworkName,
+		}},
+		"spec": spec,
+	}}
+	created, err := k.dyn.Resource(ClaimResource).Namespace(c.Namespace).Create(ctx, u, metav1.CreateOptions{})
+	if err != nil {
+		if alloc, ok := allocationRetained(err, c.Namespace, c.Name); ok {
+			return Claim{}, &AllocationRetainedError{Allocation: alloc}
+		}
+		return Claim{}, mapErr(err)
+	}
+	return claimFrom(created), nil
+}
+
+// allocationRetained recognises the address service's 409 refusal of a
+// claim whose name retained an allocation.
+func allocationRetained(err error, ns, name string) (string, bool) {
+	var status apierrors.APIStatus
+	if !apierrors.IsConflict(err) || !errors.As(err, &status) || status.Status().Details == nil {
+		return "", false
+	}
+	for _, cause := range status.Status().Details.Causes {
+		if string(cause.Type) == "AllocationRetained" {
+			if cause.Field != "" {
+				return cause.Field, true
+			}
+			return AllocationName(ns, name), true
+		}
+	}
+	return "", false
+}
+
+func claimFrom(u *unstructured.Unstructured) Claim {
+	str := func(fields ...string) string { s, _, _ := unstructured.NestedString(u.Object, fields...); return s }
+	prefix, _, _ := unstructured.NestedInt64(u.Object, "spec", "prefixLength")
+	ann := u.GetAnnotations()
+	bound := str("status", "boundAllocationRef", "name")
+	if bound == "" {
+		bound = str("status", "boundAllocationRef")
+	}
+	return Claim{
+		Namespace: u.GetNamespace(), Name: u.GetName(), UID: u.GetUID(),
+		NetworkNamespace: ann[AnnotationNetworkNamespace], NetworkName: ann[AnnotationNetworkName],
+		ClassName: str("spec", "className"), PrefixLength: int(prefix), ReclaimPolicy: str("spec", "reclaimPolicy"),
+		Phase: str("status", "phase"), AllocatedCIDR: str("status", "allocatedCIDR"), BoundAllocation: bound,
+	}
+}
+
+// GetClaim implements API.
+func (k *Kube) GetClaim(ctx context.Context, ns, name string) (Claim, error) {
+	u, err := k.get(ctx, ClaimResource, ns, name)
+	if err != nil {
+		return Claim{}, err
+	}
+	return claimFrom(u), nil
+}
+
+// ListClaims implements API.
+func (k *Kube) ListClaims(ctx context.Context, ns string) ([]Claim, error) {
+	list, err := k.dyn.Resource(ClaimResource).Namespace(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, mapErr(err)
+	}
+	out := make([]Claim, 0, len(list.Items))
+	for i := range list.Items {
+		out = append(out, claimFrom(&list.Items[i]))
+	}
+	return out, nil
+}
+
+// DeleteClaim implements API with a UID precondition.
+func (k *Kube) DeleteClaim(ctx context.Context, ns, name string, uid types.UID) error {
+	return mapErr(k.dyn.Resource(ClaimResource).Namespace(ns).Delete(ctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}}))
+}
+
+// GetAllocation implements API.
+func (k *Kube) GetAllocation(ctx context.Context, ns, name string) (Allocation, error) {
+	u, err := k.get(ctx, AllocationResource, ns, name)
+	if err != nil {
+		return Allocation{}, err
+	}
+	str := func(fields ...string) string { s, _, _ := unstructured.NestedString(u.Object, fields...); return s }
+	return Allocation{Namespace: ns, Name: name, ClaimRef: str("spec", "claimRef", "name"), ReclaimPolicy: str("spec", "reclaimPolicy"),
+		AllocatedCIDR: str("status", "allocatedCIDR")}, nil
+}
+
+// Event implements API. A failure to record is logged by the caller's
+// retries, never fatal: events are for people.
+func (k *Kube) Event(ctx context.Context, n Network, warning bool, reason, message string) {
+	typ := corev1.EventTypeNormal
+	if warning {
+		typ = corev1.EventTypeWarning
+	}
+	now := metav1.NewTime(time.Now())
+	_, _ = k.events.CoreV1().Events(n.Namespace).Create(ctx, &corev1.Event{
+		ObjectMeta:     metav1.ObjectMeta{GenerateName: n.Name + ".", Namespace: n.Namespace},
+		InvolvedObject: corev1.ObjectReference{APIVersion: "networking.datumapis.com/v1alpha", Kind: "Network", Namespace: n.Namespace, Name: n.Name, UID: n.UID},
+		Reason:         reason, Message: message, Type: typ, Source: corev1.EventSource{Component: k.source},
+		FirstTimestamp: now, LastTimestamp: now, Count: 1,
+	}, metav1.CreateOptions{})
+}
+
+// NetworkInformer watches Networks, keeps only their keys, and calls
+// enqueue for every change; it is the controller's NetworkCache.
+type NetworkInformer struct {
+	informer cache.SharedIndexInformer
+}
+
+// NewNetworkInformer returns an informer over networks in all namespaces.
+func NewNetworkInformer(dyn dynamic.Interface, enqueue func(namespace, name string)) (*NetworkInformer, error) {
+	ri := dyn.Resource(NetworkResource)
+	lw := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			return ri.Namespace(metav1.NamespaceAll).List(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			return ri.Namespace(metav1.NamespaceAll).Watch(ctx, o)
+		},
+	}
+	inf := cache.NewSharedIndexInformerWithOptions(lw, &unstructured.Unstructured{}, cache.SharedIndexInformerOptions{ObjectDescription: "networks"})
+	if err := inf.SetTransform(func(obj any) (any, error) {
+		if u, ok := obj.(*unstructured.Unstructured); ok {
+			return &metav1.PartialObjectMetadata{ObjectMeta: metav1.ObjectMeta{Namespace: u.GetNamespace(), Name: u.GetName(), UID: u.GetUID(), ResourceVersion: u.GetResourceVersion()}}, nil
+		}
+		return obj, nil
+	}); err != nil {
+		return nil, err
+	}
+	onChange := func(obj any) {
+		if key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj); err == nil {
+			ns, name, _ := cache.SplitMetaNamespaceKey(key)
+			enqueue(ns, name)
+		}
+	}
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: onChange, UpdateFunc: func(_, n any) { onChange(n) }, DeleteFunc: onChange,
+	}); err != nil {
+		return nil, err
+	}
+	return &NetworkInformer{informer: inf}, nil
+}
+
+// Run runs the informer until ctx ends.
+func (n *NetworkInformer) Run(ctx context.Context) { n.informer.RunWithContext(ctx) }
+
+// HasSynced reports whether the initial list has been read.
+func (n *NetworkInformer) HasSynced() bool { return n.informer.HasSynced() }
+
+// Exists implements NetworkCache.
+func (n *NetworkInformer) Exists(ns, name string) bool {
+	_, ok, err := n.informer.GetIndexer().GetByKey(ns + "/" + name)
+	return ok && err == nil
+}

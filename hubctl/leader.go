@@ -1,0 +1,52 @@
+package hubctl
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/leaderelection"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
+)
+
+// LeaseTiming is how long a Lease is held, renewed and retried.
+type LeaseTiming struct {
+	Duration, RenewDeadline, RetryPeriod time.Duration
+}
+
+// DefaultLeaseTiming is client-go's usual timing.
+var DefaultLeaseTiming = LeaseTiming{Duration: 15 * time.Second, RenewDeadline: 10 * time.Second, RetryPeriod: 2 * time.Second}
+
+// RunAsLeader campaigns for the Lease namespace/name as id and calls lead
+// with a context that ends when leadership does. It returns when ctx ends
+// (releasing the Lease, so another instance takes over at once) or when
+// leadership is lost; only the leader reconciles.
+func RunAsLeader(ctx context.Context, cs kubernetes.Interface, namespace, name, id string, timing LeaseTiming, lead func(context.Context)) error {
+	if id == "" {
+		return fmt.Errorf("leader election: empty identity")
+	}
+	lock := &resourcelock.LeaseLock{
+		LeaseMeta:  metav1.ObjectMeta{Namespace: namespace, Name: name},
+		Client:     cs.CoordinationV1(),
+		LockConfig: resourcelock.ResourceLockConfig{Identity: id},
+	}
+	le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
+		Lock:            lock,
+		LeaseDuration:   timing.Duration,
+		RenewDeadline:   timing.RenewDeadline,
+		RetryPeriod:     timing.RetryPeriod,
+		ReleaseOnCancel: true,
+		Name:            name,
+		Callbacks: leaderelection.LeaderCallbacks{
+			OnStartedLeading: lead,
+			OnStoppedLeading: func() {},
+		},
+	})
+	if err != nil {
+		return fmt.Errorf("leader election: %w", err)
+	}
+	le.Run(ctx)
+	return nil
+}
