@@ -16,11 +16,8 @@ package reclaim
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
-	"math/rand/v2"
 	"slices"
 	"sync"
 	"time"
@@ -250,193 +247,36 @@ func (r *Reclaimer) record(rep Report) {
 	}
 }
 
-// remove takes the VRF locks of the confirmed taps in a fixed order,
-// rechecks each, clears its rows and deletes the survivors in one batch.
+// remove hands the confirmed taps to the Remover, rechecking them against a
+// fresh inventory snapshot, and records the outcome.
 func (r *Reclaimer) remove(ctx context.Context, confirmed []candidate, dump []link.Link, dryRun bool, rep *Report) {
-	byVPC := map[identity.VPC][]candidate{}
+	targets := make([]Target, len(confirmed))
+	for i, c := range confirmed {
+		targets[i] = Target{Expect: c.expect, Identity: c.identity}
+	}
+	rm := &Remover{Links: r.links, Registry: r.reg, Locks: r.locks, LockTimeout: r.cfg.LockTimeout, Log: r.log}
+	out := rm.Remove(ctx, targets, dump, func(ctx context.Context) (func(Target) string, error) {
+		// Taken after the links were read again, so an attachment that
+		// appeared while they were being read is seen.
+		fresh := r.inv.Snapshot(ctx)
+		if err := fresh.Healthy(); err != nil {
+			return nil, fmt.Errorf("fresh inventory not trustworthy: %w", err)
+		}
+		return func(t Target) string {
+			if fresh.Carried(t.Identity) {
+				return fmt.Sprintf("identity %s carried by %v at recheck", t.Identity, fresh.Carriers(t.Identity))
+			}
+			return ""
+		}, nil
+	}, dryRun)
+	rep.Reclaimed, rep.WouldReclaim, rep.Kept, rep.Failed = out.Reclaimed, out.WouldReclaim, out.Kept, out.Failed
+	firstSeen := make(map[uint32]time.Time, len(confirmed))
 	for _, c := range confirmed {
-		byVPC[c.identity.VPC] = append(byVPC[c.identity.VPC], c)
+		firstSeen[c.expect.Index] = c.firstSeen
 	}
-	vpcs := slices.Sorted(maps.Keys(byVPC))
-
-	lockCtx, cancel := context.WithTimeout(ctx, r.cfg.LockTimeout)
-	defer cancel()
-	var locked []candidate
-	var unlocks []func()
-	defer func() {
-		for i := len(unlocks) - 1; i >= 0; i-- {
-			unlocks[i]()
-		}
-	}()
-	for _, vpc := range vpcs {
-		unlock, err := r.locks.Lock(lockCtx, vpc)
-		if err != nil {
-			for _, c := range byVPC[vpc] {
-				rep.fail(r.log, c, StageLock, err)
-			}
-			continue
-		}
-		unlocks = append(unlocks, unlock)
-		locked = append(locked, byVPC[vpc]...)
-	}
-	if len(locked) == 0 {
-		return
-	}
-
-	var verified []candidate
-	for _, c := range locked {
-		if why, err := r.recheckLink(ctx, c); err != nil {
-			rep.fail(r.log, c, StageVerify, err)
-		} else if why != "" {
-			rep.keep(r.log, c, why)
-		} else {
-			verified = append(verified, c)
-		}
-	}
-	if len(verified) == 0 {
-		return
-	}
-	// Taken after the links were read again, so an attachment that appeared
-	// while they were being read is seen.
-	fresh := r.inv.Snapshot(ctx)
-	if err := fresh.Healthy(); err != nil {
-		for _, c := range verified {
-			rep.keep(r.log, c, "fresh inventory not trustworthy: "+err.Error())
-		}
-		return
-	}
-	var batch []candidate
-	for _, c := range verified {
-		if fresh.Carried(c.identity) {
-			rep.keep(r.log, c, fmt.Sprintf("identity %s carried by %v at recheck", c.identity, fresh.Carriers(c.identity)))
-			continue
-		}
-		if dryRun {
-			rep.WouldReclaim = append(rep.WouldReclaim, tapRef(c))
-			continue
-		}
-		if err := r.reg.UnregisterInterface(ctx, c.expect.Index); err != nil {
-			rep.fail(r.log, c, StageRows, err)
-			continue
-		}
-		batch = append(batch, c)
-	}
-	if len(batch) > 0 {
-		r.deleteBatch(ctx, batch, dump, rep)
+	for _, t := range out.Reclaimed {
+		r.log.Info("stale tap reclaimed", "tap", t.Name, "ifindex", t.Ifindex, "owner", t.Owner,
+			"identity", t.Identity.String(), "first_seen", firstSeen[t.Ifindex])
 	}
 }
 
-// recheckLink reads the link again: it returns why the tap must be kept, or
-// an error when the read itself failed.
-func (r *Reclaimer) recheckLink(ctx context.Context, c candidate) (string, error) {
-	l, err := r.links.Verify(ctx, c.expect)
-	switch {
-	case errors.Is(err, link.ErrLinkGone):
-		return "gone before removal", nil
-	case errors.Is(err, link.ErrLinkChanged):
-		return err.Error(), nil
-	case err != nil:
-		return "", err
-	}
-	t, ok := l.AsTap()
-	if !ok {
-		return "no longer reads as a tenant tap", nil
-	}
-	if t.Held() {
-		return "held at recheck", nil
-	}
-	return "", nil
-}
-
-// deleteBatch moves the verified taps into a link group reserved for this
-// batch, checks that the group holds exactly them, none held, and deletes the
-// group in one request: the kernel then unregisters them in one batch.
-func (r *Reclaimer) deleteBatch(ctx context.Context, batch []candidate, dump []link.Link, rep *Report) {
-	group := reserveGroup(dump)
-	var grouped []candidate
-	for _, c := range batch {
-		if err := r.links.Set(ctx, c.expect.Index, link.Change{Group: &group}); err != nil {
-			rep.fail(r.log, c, StageLink, fmt.Errorf("move to link group %#x: %w", group, err))
-			continue
-		}
-		grouped = append(grouped, c)
-	}
-	if len(grouped) == 0 {
-		return
-	}
-	ungroup := func(cs []candidate) {
-		zero := uint32(0)
-		for _, c := range cs {
-			_ = r.links.Set(context.WithoutCancel(ctx), c.expect.Index, link.Change{Group: &zero})
-		}
-	}
-	links, err := r.links.Links(ctx)
-	if err != nil {
-		ungroup(grouped)
-		for _, c := range grouped {
-			rep.fail(r.log, c, StageLink, fmt.Errorf("read link group %#x before delete: %w", group, err))
-		}
-		return
-	}
-	ours := make(map[uint32]candidate, len(grouped))
-	for _, c := range grouped {
-		ours[c.expect.Index] = c
-	}
-	members := 0
-	for _, l := range links {
-		if l.Group != group {
-			continue
-		}
-		c, ok := ours[l.Index]
-		if !ok {
-			// A link this pass did not verify is in the group: delete
-			// nothing. It is left alone; ours are moved back.
-			ungroup(grouped)
-			for _, c := range grouped {
-				rep.fail(r.log, c, StageLink, fmt.Errorf("link group %#x also holds %s (ifindex %d), not verified by this pass", group, l.Name, l.Index))
-			}
-			return
-		}
-		t, isTap := l.AsTap()
-		if !isTap || t.Held() || l.Name != c.expect.Name || l.Alias != c.expect.Alias {
-			ungroup([]candidate{c})
-			delete(ours, l.Index)
-			rep.keep(r.log, c, "changed or held while grouped for delete")
-			continue
-		}
-		members++
-	}
-	if members == 0 {
-		return
-	}
-	if err := r.links.DeleteGroup(ctx, group); err != nil {
-		ungroup(grouped)
-		for _, c := range ours {
-			rep.fail(r.log, c, StageLink, err)
-		}
-		return
-	}
-	for _, c := range slices.SortedFunc(maps.Values(ours), func(a, b candidate) int { return cmp.Compare(a.expect.Index, b.expect.Index) }) {
-		rep.Reclaimed = append(rep.Reclaimed, tapRef(c))
-		r.log.Info("stale tap reclaimed", "tap", c.expect.Name, "ifindex", c.expect.Index, "owner", c.expect.Alias,
-			"identity", c.identity.String(), "first_seen", c.firstSeen)
-	}
-}
-
-// groupBase marks link groups this package reserves ('G' in the top byte);
-// the low bits are random so that two passes, or two nodes' tools, never
-// share one.
-const groupBase = 0x47 << 24
-
-func reserveGroup(dump []link.Link) uint32 {
-	used := make(map[uint32]bool, len(dump))
-	for _, l := range dump {
-		used[l.Group] = true
-	}
-	for {
-		g := uint32(groupBase | rand.IntN(1<<24-1) + 1)
-		if !used[g] {
-			return g
-		}
-	}
-}

@@ -1,7 +1,6 @@
 package reclaim
 
 import (
-	"log/slog"
 	"time"
 
 	"github.com/datum-cloud/galactic-node/node/identity"
@@ -69,16 +68,6 @@ type Failure struct {
 
 func tapRef(c candidate) TapRef {
 	return TapRef{Name: c.expect.Name, Ifindex: c.expect.Index, Owner: c.expect.Alias, Identity: c.identity}
-}
-
-func (rep *Report) keep(log *slog.Logger, c candidate, why string) {
-	rep.Kept = append(rep.Kept, Kept{Tap: tapRef(c), Why: why})
-	log.Info("stale tap kept", "tap", c.expect.Name, "ifindex", c.expect.Index, "owner", c.expect.Alias, "why", why)
-}
-
-func (rep *Report) fail(log *slog.Logger, c candidate, stage string, err error) {
-	rep.Failed = append(rep.Failed, Failure{Tap: tapRef(c), Stage: stage, Error: err.Error()})
-	log.Warn("stale tap removal failed, kept for a later pass", "tap", c.expect.Name, "ifindex", c.expect.Index, "stage", stage, "error", err)
 }
 
 // Pending is a candidate awaiting confirmation, for views.
