@@ -279,4 +279,3 @@ func (r *Reclaimer) remove(ctx context.Context, confirmed []candidate, dump []li
 			"identity", t.Identity.String(), "first_seen", firstSeen[t.Ifindex])
 	}
 }
-
