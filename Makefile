@@ -22,6 +22,7 @@ build:
 	$(GO) build $(PKGS)
 	$(GO) build -ldflags "-X main.version=$(VERSION)" -o bin/galactic-node ./cmd/galactic-node
 	$(GO) build -ldflags "-X main.version=$(VERSION)" -o bin/galactic-hubctl ./cmd/galactic-hubctl
+	$(GO) build -ldflags "-X main.buildVersion=$(VERSION)" -o bin/galactic-tap ./cmd/galactic-tap
 
 # The README's first command: the whole job in a private network namespace.
 demo: build

@@ -25,7 +25,7 @@ import (
 	"github.com/datum-cloud/galactic-node/node/inventory"
 )
 
-var binary string
+var binary, tapPlugin string
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "galactic-node-bin-")
@@ -34,9 +34,12 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	binary = filepath.Join(dir, "galactic-node")
-	if out, err := exec.Command("go", "build", "-o", binary, "../cmd/galactic-node").CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "build galactic-node: %v\n%s", err, out)
-		os.Exit(1)
+	tapPlugin = filepath.Join(dir, "galactic-tap")
+	for bin, pkg := range map[string]string{binary: "../cmd/galactic-node", tapPlugin: "../cmd/galactic-tap"} {
+		if out, err := exec.Command("go", "build", "-o", bin, pkg).CombinedOutput(); err != nil {
+			fmt.Fprintf(os.Stderr, "build %s: %v\n%s", pkg, err, out)
+			os.Exit(1)
+		}
 	}
 	code := clustertest.Main(m)
 	os.RemoveAll(dir)

@@ -8,14 +8,19 @@ package nettest
 
 import (
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
+	"errors"
 	"io"
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/cilium/ebpf"
 
 	"github.com/datum-cloud/galactic-node/node/link"
 	"github.com/datum-cloud/galactic-node/node/netns"
@@ -234,4 +239,43 @@ func ForwardLoopback(t testing.TB, ns *NS, hostAddr string) {
 			}()
 		}
 	}()
+}
+
+// PinnedRowsKeyedBy walks every map pinned in pinDir (not a list a package
+// keeps) and counts, per map, the keys that start with ifindex as a native
+// u32. Maps named in skip (counters keyed otherwise) are not walked.
+func PinnedRowsKeyedBy(t testing.TB, pinDir string, ifindex uint32, skip map[string]bool) map[string]int {
+	t.Helper()
+	entries, err := os.ReadDir(pinDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := map[string]int{}
+	for _, e := range entries {
+		if e.IsDir() || skip[e.Name()] {
+			continue
+		}
+		m, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, e.Name()), nil)
+		if err != nil {
+			t.Fatalf("load pinned map %s: %v", e.Name(), err)
+		}
+		key := make([]byte, m.KeySize())
+		next := make([]byte, m.KeySize())
+		var prev any // nil: the first key
+		for {
+			if err := m.NextKey(prev, next); err != nil {
+				if !errors.Is(err, ebpf.ErrKeyNotExist) {
+					t.Fatalf("walk %s: %v", e.Name(), err)
+				}
+				break
+			}
+			copy(key, next)
+			prev = key
+			if len(key) >= 4 && binary.NativeEndian.Uint32(key[:4]) == ifindex {
+				found[e.Name()]++
+			}
+		}
+		m.Close()
+	}
+	return found
 }

@@ -189,42 +189,9 @@ func TestWithoutAPolicyRowFramesAreUnattributedPolicyUnavailable(t *testing.T) {
 	}
 }
 
-// pinnedRowsKeyedBy lists, for every map pinned by the datapath (not only
-// those this package knows), the keys that start with ifindex.
 func pinnedRowsKeyedBy(t *testing.T, dp *datapath.Datapath, ifindex uint32) map[string]int {
 	t.Helper()
-	entries, err := os.ReadDir(dp.PinDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	found := map[string]int{}
-	for _, e := range entries {
-		if e.IsDir() || counterMaps[e.Name()] {
-			continue
-		}
-		m, err := ebpf.LoadPinnedMap(filepath.Join(dp.PinDir(), e.Name()), nil)
-		if err != nil {
-			t.Fatalf("load pinned map %s: %v", e.Name(), err)
-		}
-		key := make([]byte, m.KeySize())
-		next := make([]byte, m.KeySize())
-		var prev any // nil: first key
-		for {
-			if err := m.NextKey(prev, next); err != nil {
-				if !errors.Is(err, ebpf.ErrKeyNotExist) {
-					t.Fatalf("walk %s: %v", e.Name(), err)
-				}
-				break
-			}
-			copy(key, next)
-			prev = key
-			if len(key) >= 4 && binary.NativeEndian.Uint32(key[:4]) == ifindex {
-				found[e.Name()]++
-			}
-		}
-		m.Close()
-	}
-	return found
+	return nettest.PinnedRowsKeyedBy(t, dp.PinDir(), ifindex, counterMaps)
 }
 
 // seedEveryPerInterfaceMap writes a raw row keyed by ifindex into every

@@ -1,6 +1,8 @@
 package link
 
 import (
+	"net"
+
 	"github.com/jsimonetti/rtnetlink/v2"
 	"golang.org/x/sys/unix"
 
@@ -19,6 +21,7 @@ type Link struct {
 	MasterKind string // Kind of the master link, when it was in the same dump
 	Group      uint32 // IFLA_GROUP
 	MTU        uint32
+	Address    net.HardwareAddr
 	AdminUp    bool  // IFF_UP: says nothing about who holds a tap
 	Carrier    *bool // IFLA_CARRIER; nil when the kernel did not report it
 	Tun        *driver.Tun
@@ -32,6 +35,7 @@ func fromMessage(m *rtnetlink.LinkMessage) Link {
 	}
 	l.Name = a.Name
 	l.MTU = a.MTU
+	l.Address = a.Address
 	if a.Alias != nil {
 		l.Alias = *a.Alias
 	}

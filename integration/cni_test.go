@@ -1,0 +1,397 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/datum-cloud/galactic-node/ebpf/datapath"
+	"github.com/datum-cloud/galactic-node/internal/nettest"
+	"github.com/datum-cloud/galactic-node/node/attachreg"
+	"github.com/datum-cloud/galactic-node/node/identity"
+	"github.com/datum-cloud/galactic-node/node/inventory"
+	"github.com/datum-cloud/galactic-node/node/link"
+	"github.com/datum-cloud/galactic-node/node/reclaim"
+	"github.com/datum-cloud/galactic-node/node/tun"
+	"github.com/datum-cloud/galactic-node/node/vrf"
+)
+
+// cniHost is a host network namespace where the plugin binary runs over
+// the CNI protocol, with its own bpffs and lock folder, and a container
+// namespace for CNI_NETNS.
+type cniHost struct {
+	t         *testing.T
+	host, ctr *nettest.NS
+	bpffs     string
+	locks     string
+}
+
+func newCNIHost(t *testing.T) *cniHost {
+	return &cniHost{t: t, host: nettest.NewNS(t), ctr: nettest.NewNS(t), bpffs: nettest.BPFFS(t), locks: filepath.Join(t.TempDir(), "locks")}
+}
+
+type cniResult struct {
+	Interfaces []struct {
+		Name string `json:"name"`
+		Mac  string `json:"mac"`
+	} `json:"interfaces"`
+	Code    uint   `json:"code"`
+	Msg     string `json:"msg"`
+	Details string `json:"details"`
+}
+
+func (h *cniHost) conf(att string, extra map[string]any) []byte {
+	c := map[string]any{
+		"cniVersion": "1.1.0", "name": "galactic", "type": "galactic-tap",
+		"vpc": "a", "vpcAttachment": att, "table": 1010,
+		"master":  "bridge", // no VRF in this kernel: the bridge stands in
+		"routes":  routesOf(att),
+		"gateway": map[string]string{"ipv4": "10.10.0.254"}, "hostOnlyPorts": []string{"udp/53"},
+		"bpffs": h.bpffs, "vrfLockDir": h.locks,
+	}
+	for k, v := range extra {
+		c[k] = v
+	}
+	b, _ := json.Marshal(c)
+	return b
+}
+
+// routesOf derives an attachment's routes from its identifier.
+func routesOf(att string) []string {
+	id, err := identity.ParseBase62("a", att)
+	if err != nil {
+		return nil
+	}
+	n := uint16(id.Attachment)
+	return []string{fmt.Sprintf("10.10.%d.%d/32", n>>8, n&0xff), fmt.Sprintf("fd00:a::%x/128", n)}
+}
+
+// cni runs one plugin command as a runtime would.
+func (h *cniHost) cni(command, container string, conf []byte) (cniResult, error) {
+	h.t.Helper()
+	cmd := exec.Command("ip", "netns", "exec", h.host.Name, tapPlugin)
+	cmd.Env = []string{"CNI_COMMAND=" + command, "CNI_CONTAINERID=" + container, "CNI_NETNS=/run/netns/" + h.ctr.Name,
+		"CNI_IFNAME=eth0", "CNI_PATH=/opt/cni/bin", "PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
+	cmd.Stdin = bytes.NewReader(conf)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	var res cniResult
+	if stdout.Len() > 0 {
+		_ = json.Unmarshal(stdout.Bytes(), &res)
+	}
+	if err != nil {
+		return res, fmt.Errorf("%s %s: %w: code %d %s %s (stderr %s)", command, container, err, res.Code, res.Msg, res.Details, stderr.String())
+	}
+	return res, nil
+}
+
+func (h *cniHost) mustCNI(command, container string, conf []byte) cniResult {
+	h.t.Helper()
+	res, err := h.cni(command, container, conf)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return res
+}
+
+func (h *cniHost) link(name string) (link.Link, bool) {
+	h.t.Helper()
+	l, err := h.host.Dial(h.t).GetByName(context.Background(), name)
+	if errors.Is(err, link.ErrLinkGone) {
+		return link.Link{}, false
+	}
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return l, true
+}
+
+var counterMaps = map[string]bool{"decisions": true, "unattributed": true}
+
+func (h *cniHost) rows(ifindex uint32) map[string]int {
+	h.t.Helper()
+	return nettest.PinnedRowsKeyedBy(h.t, filepath.Join(h.bpffs, datapath.PinSubdir), ifindex, counterMaps)
+}
+
+func (h *cniHost) routes(name string) int {
+	out := nettest.Run(h.t, "ip", "-n", h.host.Name, "-6", "route", "show", "table", "all") +
+		nettest.Run(h.t, "ip", "-n", h.host.Name, "-4", "route", "show", "table", "all")
+	return strings.Count(out, "dev "+name)
+}
+
+func tapName(att string) string {
+	id, _ := identity.ParseBase62("a", att)
+	return id.TapName()
+}
+
+const ctrA = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+
+func TestAddCheckDelLeavesNothingBehind(t *testing.T) {
+	h := newCNIHost(t)
+	conf := h.conf("1", nil)
+	res := h.mustCNI("ADD", ctrA, conf)
+	if len(res.Interfaces) != 1 || res.Interfaces[0].Name != tapName("1") || res.Interfaces[0].Mac == "" {
+		t.Fatalf("ADD result: %+v", res)
+	}
+	l, ok := h.link(tapName("1"))
+	if !ok || l.Alias != ctrA || h.routes(l.Name) != 2 || len(h.rows(l.Index)) < 4 {
+		t.Fatalf("after ADD: link %+v routes %d rows %v", l, h.routes(l.Name), h.rows(l.Index))
+	}
+	h.mustCNI("CHECK", ctrA, conf)
+	h.mustCNI("DEL", ctrA, conf)
+	if _, ok := h.link(tapName("1")); ok {
+		t.Fatal("the tap survived DEL")
+	}
+	if n := h.routes(l.Name); n != 0 {
+		t.Fatalf("%d routes survived DEL", n)
+	}
+	if rows := h.rows(l.Index); len(rows) != 0 {
+		t.Fatalf("rows survived DEL: %v", rows)
+	}
+	h.mustCNI("DEL", ctrA, conf) // idempotent
+	h.mustCNI("DEL", ctrA, []byte(`{"cniVersion":"1.1.0","name":"galactic","type":"galactic-tap","bpffs":"`+h.bpffs+`","vrfLockDir":"`+h.locks+`"}`))
+	if _, err := h.cni("CHECK", ctrA, conf); err == nil || !strings.Contains(err.Error(), "does not exist") {
+		t.Fatalf("CHECK after DEL: %v", err)
+	}
+}
+
+func TestAnotherContainerCanNeitherDeleteNorTakeATap(t *testing.T) {
+	h := newCNIHost(t)
+	conf := h.conf("2", nil)
+	h.mustCNI("ADD", ctrA, conf)
+	l, _ := h.link(tapName("2"))
+	before := h.rows(l.Index)
+
+	other := strings.Repeat("b", 64)
+	h.mustCNI("DEL", other, conf)
+	if after, ok := h.link(tapName("2")); !ok || after.Index != l.Index || len(h.rows(l.Index)) != len(before) {
+		t.Fatal("DEL from another container removed the tap or its rows")
+	}
+	_, err := h.cni("ADD", other, conf)
+	if err == nil || !strings.Contains(err.Error(), "code 100") {
+		t.Fatalf("ADD over another container's tap: %v, want error 100", err)
+	}
+	if after, _ := h.link(tapName("2")); after.Alias != ctrA || len(h.rows(l.Index)) != len(before) {
+		t.Fatal("a refused ADD changed the tap or its rows")
+	}
+	if _, err := h.cni("CHECK", other, conf); err == nil || !strings.Contains(err.Error(), "stamped") {
+		t.Fatalf("CHECK by another container: %v", err)
+	}
+	res := h.mustCNI("ADD", ctrA, conf) // the same container again: adopted
+	if again, _ := h.link(tapName("2")); again.Index != l.Index || res.Interfaces[0].Name != l.Name {
+		t.Fatal("a repeated ADD re-created the tap instead of adopting it")
+	}
+	h.mustCNI("CHECK", ctrA, conf)
+}
+
+func TestBadConfigurationIsRefusedAndChangesNothing(t *testing.T) {
+	h := newCNIHost(t)
+	for name, conf := range map[string][]byte{
+		"not json":       []byte("{"),
+		"no identity":    h.conf("", map[string]any{"vpc": ""}),
+		"bad identity":   h.conf("!", nil),
+		"bad route":      h.conf("3", map[string]any{"routes": []string{"ten.0.0.0/8"}}),
+		"bad host port":  h.conf("3", map[string]any{"hostOnlyPorts": []string{"icmp/1"}}),
+		"bad master":     h.conf("3", map[string]any{"master": "team"}),
+		"bad action":     h.conf("3", map[string]any{"policy": map[string]any{"defaultAction": "maybe"}}),
+		"table 0":        h.conf("3", map[string]any{"table": 0}),
+		"gateway family": h.conf("3", map[string]any{"gateway": map[string]string{"ipv4": "fd00::1"}}),
+	} {
+		if _, err := h.cni("ADD", ctrA, conf); err == nil {
+			t.Errorf("%s: ADD succeeded", name)
+		} else if !strings.Contains(err.Error(), "code 7") && !strings.Contains(err.Error(), "code 6") && name != "table 0" {
+			t.Errorf("%s: %v, want CNI error 6 (decoding) or 7 (invalid configuration)", name, err)
+		}
+	}
+	links, err := h.host.Dial(t).Links(context.Background())
+	if err != nil || len(links) != 1 {
+		t.Fatalf("links after refused ADDs: %d %v, want only lo", len(links), err)
+	}
+}
+
+func TestStatusSaysWhetherThePluginCanWork(t *testing.T) {
+	h := newCNIHost(t)
+	h.mustCNI("STATUS", "", h.conf("1", nil))
+	_, err := h.cni("STATUS", "", h.conf("1", map[string]any{"vrfLockDir": "/proc/galactic-not-writable"}))
+	if err == nil || !strings.Contains(err.Error(), "code 50") {
+		t.Fatalf("STATUS with an unwritable lock folder: %v, want error 50", err)
+	}
+}
+
+func TestGCRemovesOnlyWhatNoValidAttachmentAndNoHolderKeeps(t *testing.T) {
+	h := newCNIHost(t)
+	valid, held, stale := strings.Repeat("1", 64), strings.Repeat("2", 64), strings.Repeat("3", 64)
+	h.mustCNI("ADD", valid, h.conf("4", nil))
+	h.mustCNI("ADD", held, h.conf("5", nil))
+	h.mustCNI("ADD", stale, h.conf("6", nil))
+	nettest.NewTap(t, h.host, tapName("7"), tunMode()) // unstamped
+	nettest.Hold(t, h.host, tapName("5"), nettest.HoldOptions{})
+	staleLink, _ := h.link(tapName("6"))
+
+	conf := h.conf("", map[string]any{"vpc": "", "vpcAttachment": "",
+		"cni.dev/valid-attachments": []map[string]string{{"containerID": valid, "ifname": "eth0"}}})
+	h.mustCNI("GC", "", conf)
+	for _, att := range []string{"4", "5", "7"} {
+		if _, ok := h.link(tapName(att)); !ok {
+			t.Errorf("GC removed %s", tapName(att))
+		}
+	}
+	if _, ok := h.link(tapName("6")); ok {
+		t.Fatal("GC left the stale tap")
+	}
+	if rows := h.rows(staleLink.Index); len(rows) != 0 {
+		t.Fatalf("GC left rows of the stale tap: %v", rows)
+	}
+	h.mustCNI("GC", "", conf) // nothing left to do
+}
+
+// reclaimer runs the node's reclaim in the host namespace against the
+// plugin's pins and locks, with a static inventory carrying ids.
+func (h *cniHost) reclaimer(ids ...identity.Identity) *reclaim.Reclaimer {
+	h.t.Helper()
+	objs := []inventory.Object{inventory.AttachmentObject("ns", "live", "zz", "1")}
+	for _, id := range ids {
+		objs = append(objs, inventory.AttachmentObject("ns", id.TapName(), id.VPC.Base62(), id.Attachment.Base62()))
+	}
+	dp, err := datapath.Load(h.bpffs)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	h.t.Cleanup(func() { dp.Close() })
+	locks, err := vrf.NewLocker(h.locks)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	conn := h.host.Dial(h.t)
+	return reclaim.New(conn, &inventory.Static{Objects: objs, Synced: true}, attachreg.New(dp, h.host.File, nil), locks, nil, nil, reclaim.Config{})
+}
+
+// TestConcurrentAddsAndReclaimPassesNeverLoseATap runs 20 ADDs into one VRF
+// while reclaim passes run back to back and remove 10 stale taps of the same
+// VRF: every ADD's tap survives with its rows, every stale one goes.
+func TestConcurrentAddsAndReclaimPassesNeverLoseATap(t *testing.T) {
+	h := newCNIHost(t)
+	var stale []uint32
+	for i := range 10 {
+		att := fmt.Sprintf("s%d", i)
+		h.mustCNI("ADD", fmt.Sprintf("%064d", 900+i), h.conf(att, nil))
+		l, _ := h.link(tapName(att))
+		stale = append(stale, l.Index)
+	}
+	var ids []identity.Identity
+	for i := range 20 {
+		id, _ := identity.ParseBase62("a", fmt.Sprintf("%d", 100+i))
+		ids = append(ids, id)
+	}
+	r := h.reclaimer(ids...)
+	stop := make(chan struct{})
+	passes := make(chan int)
+	go func() {
+		n := 0
+		for {
+			select {
+			case <-stop:
+				passes <- n
+				return
+			default:
+			}
+			r.Pass(context.Background(), reclaim.PassOptions{})
+			n++
+		}
+	}()
+	var wg sync.WaitGroup
+	errs := make(chan error, 20)
+	for i := range 20 {
+		wg.Go(func() {
+			if _, err := h.cni("ADD", fmt.Sprintf("%064d", i), h.conf(fmt.Sprintf("%d", 100+i), nil)); err != nil {
+				errs <- err
+			}
+		})
+	}
+	wg.Wait()
+	time.Sleep(200 * time.Millisecond) // a few more passes after the last ADD
+	close(stop)
+	n := <-passes
+	r.Pass(context.Background(), reclaim.PassOptions{})
+	r.Pass(context.Background(), reclaim.PassOptions{})
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	t.Logf("%d reclaim passes ran during the ADDs", n)
+	for i, id := range ids {
+		l, ok := h.link(id.TapName())
+		if !ok || l.Alias != fmt.Sprintf("%064d", i) {
+			t.Errorf("ADD %d's tap %s: present %v stamp %q", i, id.TapName(), ok, l.Alias)
+			continue
+		}
+		if rows := h.rows(l.Index); rows["traffic_policy"] != 1 || rows["ifindex_vrf"] != 1 {
+			t.Errorf("ADD %d's tap %s lacks rows: %v", i, id.TapName(), rows)
+		}
+	}
+	for _, idx := range stale {
+		if rows := h.rows(idx); len(rows) != 0 {
+			t.Errorf("stale ifindex %d keeps rows %v", idx, rows)
+		}
+	}
+	links, _ := h.host.Dial(t).Links(context.Background())
+	if taps := link.TenantTaps(links); len(taps) != 20 {
+		t.Errorf("%d tenant taps at the end, want the 20 ADDs'", len(taps))
+	}
+}
+
+// TestReclaimAndGCClearExactlyWhatDelClears: after DEL the reclaim has
+// nothing to do; a tap that leaked (ADD, no DEL, attachment gone) is removed
+// by the reclaim, and another by GC, each leaving no row of its ifindex in
+// any pinned map, as DEL leaves none.
+func TestReclaimAndGCClearExactlyWhatDelClears(t *testing.T) {
+	h := newCNIHost(t)
+	r := h.reclaimer()
+	h.mustCNI("ADD", ctrA, h.conf("8", nil))
+	deleted, _ := h.link(tapName("8"))
+	h.mustCNI("DEL", ctrA, h.conf("8", nil))
+	for range 2 {
+		if rep := r.Pass(context.Background(), reclaim.PassOptions{}); len(rep.Candidates) != 0 {
+			t.Fatalf("the reclaim found work after DEL: %+v", rep.Candidates)
+		}
+	}
+	if rows := h.rows(deleted.Index); len(rows) != 0 {
+		t.Fatalf("DEL left rows: %v", rows)
+	}
+
+	leaked := strings.Repeat("c", 64)
+	h.mustCNI("ADD", leaked, h.conf("9", nil))
+	l, _ := h.link(tapName("9"))
+	if len(h.rows(l.Index)) < 4 {
+		t.Fatal("the leaked tap has no rows to begin with")
+	}
+	r.Pass(context.Background(), reclaim.PassOptions{})
+	if rep := r.Pass(context.Background(), reclaim.PassOptions{}); len(rep.Reclaimed) != 1 {
+		t.Fatalf("the reclaim did not remove the leaked tap: %+v", rep)
+	}
+	if rows := h.rows(l.Index); len(rows) != 0 {
+		t.Fatalf("the reclaim left rows: %v", rows)
+	}
+
+	leaked2 := strings.Repeat("d", 64)
+	h.mustCNI("ADD", leaked2, h.conf("10", nil))
+	l2, _ := h.link(tapName("10"))
+	h.mustCNI("GC", "", h.conf("", map[string]any{"vpc": "", "vpcAttachment": "", "cni.dev/valid-attachments": []map[string]string{}}))
+	if _, ok := h.link(tapName("10")); ok {
+		t.Fatal("GC left the leaked tap")
+	}
+	if rows := h.rows(l2.Index); len(rows) != 0 {
+		t.Fatalf("GC left rows: %v", rows)
+	}
+}
+
+func tunMode() tun.Mode { return tun.Mode{} }

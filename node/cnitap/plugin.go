@@ -1,0 +1,340 @@
+package cnitap
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+
+	"github.com/datum-cloud/galactic-node/ebpf/datapath"
+	"github.com/datum-cloud/galactic-node/node/attachreg"
+	"github.com/datum-cloud/galactic-node/node/link"
+	"github.com/datum-cloud/galactic-node/node/reclaim"
+	"github.com/datum-cloud/galactic-node/node/tap"
+	"github.com/datum-cloud/galactic-node/node/vrf"
+)
+
+// Error codes of this plugin, beyond the CNI's well-known ones (100 and up
+// are plugin-defined).
+const (
+	ErrOwnedByAnother uint = 100 // the tap is stamped by another container
+	ErrCheckFailed    uint = 101 // CHECK found the attachment not as ADD left it
+	ErrGCIncomplete   uint = 102 // GC could not remove every stale tap
+)
+
+// lockTimeout bounds the wait for a VRF lock; the runtime retries.
+const lockTimeout = 30 * time.Second
+
+// Plugin runs CNI commands. Log goes to the runtime's log (stderr).
+type Plugin struct {
+	Log *slog.Logger
+}
+
+// env is what a command works with: this namespace's links, the datapath,
+// the registry and the locks.
+type env struct {
+	conn  *link.Conn
+	dp    *datapath.Datapath
+	reg   *attachreg.Registry
+	locks *vrf.Locker
+	taps  *tap.Manager
+}
+
+func (p *Plugin) open(conf NetConf) (*env, error) {
+	conn, err := link.Dial(nil)
+	if err != nil {
+		return nil, err
+	}
+	dp, err := datapath.Load(conf.BPFFS)
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
+	locks, err := vrf.NewLocker(conf.VRFLockDir)
+	if err != nil {
+		conn.Close()
+		dp.Close()
+		return nil, err
+	}
+	return &env{conn: conn, dp: dp, reg: attachreg.New(dp, nil, p.Log), locks: locks, taps: tap.NewManager(nil, conn, p.Log)}, nil
+}
+
+func (e *env) close() {
+	e.conn.Close()
+	e.dp.Close()
+}
+
+// cniError maps an error to a CNI error with a code and its message.
+func cniError(err error) error {
+	var te *types.Error
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &te):
+		return te
+	case errors.Is(err, errConfig):
+		return types.NewError(types.ErrInvalidNetworkConfig, err.Error(), "")
+	case errors.Is(err, tap.ErrOwnedByAnother):
+		return types.NewError(ErrOwnedByAnother, err.Error(), "")
+	case errors.Is(err, context.DeadlineExceeded):
+		return types.NewError(types.ErrTryAgainLater, err.Error(), "")
+	}
+	return types.NewError(types.ErrInternal, err.Error(), "")
+}
+
+// Add creates or adopts the tap, stamps it with the container ID, enslaves
+// it, adds its routes and registers its rows, under the VPC's VRF lock. On
+// failure it undoes what it made; a tap it adopted is never deleted.
+func (p *Plugin) Add(args *skel.CmdArgs) error {
+	inv, err := parse(args, true)
+	if err != nil {
+		return cniError(err)
+	}
+	e, err := p.open(inv.conf)
+	if err != nil {
+		return cniError(err)
+	}
+	defer e.close()
+	ctx, cancel := context.WithTimeout(context.Background(), lockTimeout)
+	defer cancel()
+	unlock, err := e.locks.Lock(ctx, inv.identity.VPC)
+	if err != nil {
+		return cniError(err)
+	}
+	defer unlock()
+	ctx = context.WithoutCancel(ctx) // holding the lock, finish what is started
+
+	res, err := e.taps.Create(ctx, inv.tap)
+	if err != nil {
+		return cniError(err)
+	}
+	if err := e.reg.RegisterInterface(ctx, res.Tap.Index, inv.reg); err != nil {
+		if !res.Adopted {
+			if derr := e.taps.Delete(ctx, inv.identity, inv.containerID); derr != nil {
+				err = errors.Join(err, fmt.Errorf("undo: %w", derr))
+			}
+		}
+		return cniError(err)
+	}
+	p.Log.Info("ADD", "container", inv.containerID, "tap", res.Tap.Name, "ifindex", res.Tap.Index, "adopted", res.Adopted)
+	result := &current.Result{
+		CNIVersion: current.ImplementedSpecVersion,
+		Interfaces: []*current.Interface{{Name: res.Tap.Name, Mac: res.Tap.Address.String()}},
+	}
+	return types.PrintResult(result, inv.conf.CNIVersion)
+}
+
+// Del unregisters the tap's rows and deletes it, only if this container
+// stamped it. A tap that is gone, or another container's, is success.
+func (p *Plugin) Del(args *skel.CmdArgs) error {
+	inv, err := parse(args, false)
+	if err != nil {
+		return cniError(err)
+	}
+	e, err := p.open(inv.conf)
+	if err != nil {
+		return cniError(err)
+	}
+	defer e.close()
+	ctx := context.Background()
+	targets, err := p.ownTaps(ctx, e, inv)
+	if err != nil {
+		return cniError(err)
+	}
+	for _, t := range targets {
+		if err := p.del(ctx, e, inv, t); err != nil {
+			return cniError(err)
+		}
+	}
+	return nil
+}
+
+// ownTaps finds the taps DEL acts on: the one named from the identity, or,
+// when the runtime gives none on DEL, every tenant tap this container
+// stamped.
+func (p *Plugin) ownTaps(ctx context.Context, e *env, inv *invocation) ([]link.Tap, error) {
+	if inv.hasIdentity {
+		l, err := e.conn.GetByName(ctx, inv.identity.TapName())
+		if errors.Is(err, link.ErrLinkGone) {
+			return nil, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		t, ok := l.AsTap()
+		if !ok {
+			return nil, fmt.Errorf("%s: %w", l.Name, tap.ErrNotATap)
+		}
+		return []link.Tap{t}, nil
+	}
+	links, err := e.conn.Links(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var own []link.Tap
+	for _, t := range link.TenantTaps(links) {
+		if inv.containerID != "" && t.Alias == inv.containerID {
+			own = append(own, t)
+		}
+	}
+	return own, nil
+}
+
+func (p *Plugin) del(ctx context.Context, e *env, inv *invocation, t link.Tap) error {
+	if t.Alias != inv.containerID {
+		p.Log.Info("DEL leaves a tap another container stamped", "container", inv.containerID, "tap", t.Name, "stamp", t.Alias)
+		return nil
+	}
+	lctx, cancel := context.WithTimeout(ctx, lockTimeout)
+	defer cancel()
+	unlock, err := e.locks.Lock(lctx, t.Identity.VPC)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if err := e.reg.UnregisterInterface(ctx, t.Index); err != nil {
+		return err
+	}
+	err = e.conn.DeleteVerified(ctx, link.Expect{Index: t.Index, Name: t.Name, Alias: inv.containerID})
+	if err != nil && !errors.Is(err, link.ErrLinkGone) {
+		return err
+	}
+	p.Log.Info("DEL", "container", inv.containerID, "tap", t.Name, "ifindex", t.Index)
+	return nil
+}
+
+// Check verifies that the tap exists, is stamped by this container, is
+// enslaved to its VRF and has its rows and program.
+func (p *Plugin) Check(args *skel.CmdArgs) error {
+	inv, err := parse(args, true)
+	if err != nil {
+		return cniError(err)
+	}
+	e, err := p.open(inv.conf)
+	if err != nil {
+		return cniError(err)
+	}
+	defer e.close()
+	ctx := context.Background()
+	fail := func(format string, a ...any) error {
+		return types.NewError(ErrCheckFailed, fmt.Sprintf(format, a...), "")
+	}
+	name := inv.identity.TapName()
+	l, err := e.conn.GetByName(ctx, name)
+	if errors.Is(err, link.ErrLinkGone) {
+		return fail("tap %s does not exist", name)
+	}
+	if err != nil {
+		return cniError(err)
+	}
+	if l.Alias != inv.containerID {
+		return fail("tap %s is stamped %q, not by container %s", name, l.Alias, inv.containerID)
+	}
+	master, err := e.conn.Get(ctx, l.Master)
+	if l.Master == 0 || err != nil || master.Name != inv.identity.VRFName() {
+		return fail("tap %s is not enslaved to its VRF %s", name, inv.identity.VRFName())
+	}
+	rows, err := e.reg.Rows(l.Index)
+	if err != nil {
+		return cniError(err)
+	}
+	var missing []string
+	for _, m := range []string{"ifindex_vrf", "traffic_policy", "egress_kind"} {
+		if _, ok := rows.Rows[m]; !ok {
+			missing = append(missing, m)
+		}
+	}
+	if !rows.Attached {
+		missing = append(missing, "tcx program")
+	}
+	if len(missing) > 0 {
+		return fail("tap %s (ifindex %d) lacks its %s", name, l.Index, strings.Join(missing, ", "))
+	}
+	return nil
+}
+
+// GC removes tenant taps stamped by a container that cni.dev/valid-attachments
+// does not list, when nothing holds them, under their VRF locks, through the
+// reclaim's Remover (the same rechecks and rows). It keeps going on errors
+// and reports them all. Unstamped taps are never touched. A container listed
+// with any interface keeps all its taps: the stamp records the container,
+// not the interface name.
+func (p *Plugin) GC(args *skel.CmdArgs) error {
+	inv, err := parse(args, false)
+	if err != nil {
+		return cniError(err)
+	}
+	e, err := p.open(inv.conf)
+	if err != nil {
+		return cniError(err)
+	}
+	defer e.close()
+	ctx := context.Background()
+	valid := map[string]bool{}
+	for _, a := range inv.conf.ValidAttachments {
+		valid[a.ContainerID] = true
+	}
+	links, err := e.conn.Links(ctx)
+	if err != nil {
+		return cniError(err)
+	}
+	var targets []reclaim.Target
+	for _, t := range link.TenantTaps(links) {
+		if !t.Stamped() || valid[t.Alias] || t.Held() {
+			continue
+		}
+		targets = append(targets, reclaim.Target{Expect: link.Expect{Index: t.Index, Name: t.Name, Alias: t.Alias}, Identity: t.Identity})
+	}
+	if len(targets) == 0 {
+		return nil
+	}
+	rm := &reclaim.Remover{Links: e.conn, Registry: e.reg, Locks: e.locks, LockTimeout: lockTimeout, Log: p.Log}
+	out := rm.Remove(ctx, targets, links, func(context.Context) (func(reclaim.Target) string, error) {
+		return func(reclaim.Target) string { return "" }, nil
+	}, false)
+	p.Log.Info("GC", "candidates", len(targets), "removed", len(out.Reclaimed), "kept", len(out.Kept), "failed", len(out.Failed))
+	if len(out.Failed) > 0 {
+		var msgs []string
+		for _, f := range out.Failed {
+			msgs = append(msgs, fmt.Sprintf("%s (%s): %s", f.Tap.Name, f.Stage, f.Error))
+		}
+		sort.Strings(msgs)
+		return types.NewError(ErrGCIncomplete, fmt.Sprintf("GC removed %d of %d stale taps", len(out.Reclaimed), len(targets)), strings.Join(msgs, "; "))
+	}
+	return nil
+}
+
+// Status reports ready when the eBPF maps load and the lock folder is
+// writable; otherwise CNI error 50, plugin not available.
+func (p *Plugin) Status(args *skel.CmdArgs) error {
+	inv, err := parse(args, false)
+	if err != nil {
+		return cniError(err)
+	}
+	unavailable := func(err error) error {
+		return types.NewError(types.ErrPluginNotAvailable, "galactic-tap not available", err.Error())
+	}
+	dp, err := datapath.Load(inv.conf.BPFFS)
+	if err != nil {
+		return unavailable(err)
+	}
+	dp.Close()
+	if err := os.MkdirAll(inv.conf.VRFLockDir, 0o700); err != nil {
+		return unavailable(err)
+	}
+	f, err := os.CreateTemp(inv.conf.VRFLockDir, ".status-*")
+	if err != nil {
+		return unavailable(fmt.Errorf("lock folder %s not writable: %w", inv.conf.VRFLockDir, err))
+	}
+	f.Close()
+	_ = os.Remove(f.Name())
+	return nil
+}
