@@ -87,7 +87,7 @@ api GET "/v1/ebpf/interfaces/$stale_ifindex"
 step "pass 1 (POST /v1/passes with the admin token): the stale tap becomes a candidate"
 api POST /v1/passes "$admin_token" >/dev/null
 api GET /v1/taps/pending
-json /v1/taps/pending | grep -q G00000000a003H || fail "the stale tap is not pending after pass 1"
+[[ "$(json /v1/taps/pending)" == *G00000000a003H* ]] || fail "the stale tap is not pending after pass 1"
 in_ns test -e /sys/class/net/G00000000a003H || fail "pass 1 removed the stale tap"
 
 step "pass 2: confirmed and reclaimed"
@@ -100,15 +100,18 @@ in_ns test -e /sys/class/net/G00000000a002H || fail "the live tap was removed"
 
 step "its eBPF rows are gone"
 api GET "/v1/ebpf/interfaces/$stale_ifindex"
-json "/v1/ebpf/interfaces/$stale_ifindex" | grep -q '"rows": {}' || fail "rows of the reclaimed tap remain"
+[[ "$(json "/v1/ebpf/interfaces/$stale_ifindex")" == *'"rows": {}'* ]] || fail "rows of the reclaimed tap remain"
 
 step "a read token cannot force a pass (403), no token gets 401"
 curl -s -o /dev/null -w '%{http_code}\n' --unix-socket "$work/admin.sock" -X POST -H "Authorization: Bearer $read_token" http://node/v1/passes
 curl -s -o /dev/null -w '%{http_code}\n' --unix-socket "$work/admin.sock" http://node/v1/taps
 
 step "metrics (curl 127.0.0.1:9180/metrics inside the namespace)"
-in_ns curl -sS 127.0.0.1:9180/metrics | grep -E '^galactic_cni_stale_(taps_pending|taps_reclaimed_total|tap_reclaim_failures_total|tap_passes_total)'
-in_ns curl -sS 127.0.0.1:9180/metrics | grep -q '^galactic_cni_stale_taps_reclaimed_total 1$' || fail "reclaimed_total is not 1"
+# Fetched once into a file: piping curl into grep -q can cut curl off
+# mid-body (SIGPIPE), which pipefail reports as a failure.
+in_ns curl -sS --retry 3 --retry-all-errors -o "$work/metrics.txt" 127.0.0.1:9180/metrics || fail "metrics unreachable"
+grep -E '^galactic_cni_stale_(taps_pending|taps_reclaimed_total|tap_reclaim_failures_total|tap_passes_total)' "$work/metrics.txt"
+grep -q '^galactic_cni_stale_taps_reclaimed_total 1$' "$work/metrics.txt" || fail "reclaimed_total is not 1"
 
 step "the daemon's log"
-grep -E 'stale tap|pass forced' "$work/daemon.log" | sed 's/^/  /'
+grep -E 'stale tap|pass forced' "$work/daemon.log" | sed 's/^/  /' || true
