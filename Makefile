@@ -41,9 +41,19 @@ test-privileged: testbin
 test-unit:
 	GALACTIC_SKIP_PRIVILEGED=1 $(GO) test -count=1 $(PKGS)
 
-# Each fuzz target runs for a bounded time on top of its committed corpus.
+# Each fuzz target runs a bounded number of executions on top of its
+# committed corpus (testdata/fuzz). FUZZTARGETS: "<target> <package> <execs>".
+FUZZTARGETS := \
+	"FuzzTenantName ./node/identity $(FUZZTIME)" \
+	"FuzzTunDecode ./node/link/driver 200000x" \
+	"FuzzParseObjects ./node/inventory 30000x" \
+	"FuzzAdminRequests ./admin 10000x" \
+	"FuzzParse ./node/cnitap 30000x"
 fuzz:
-	$(GO) test -run='^$$' -fuzz='^FuzzTenantName$$' -fuzztime=$(FUZZTIME) ./node/identity
+	@for t in $(FUZZTARGETS); do set -- $$t; \
+		echo "fuzz $$1 ($$2, $$3)"; \
+		$(GO) test -run='^$$' -fuzz="^$$1\$$" -fuzztime=$$3 $$2 || exit 1; \
+	done
 
 bench: testbin
 	KUBEBUILDER_ASSETS=$$(hack/testbin.sh) $(GO) test -run='^$$' -bench=. -benchtime=$(BENCHTIME) -count=3 $(PKGS)
