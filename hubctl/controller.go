@@ -43,6 +43,10 @@ type Controller struct {
 
 	mu      sync.Mutex
 	refused map[string]bool // claims whose release is kept or refused
+
+	// broken disables safety checks, for the deliberately broken variants
+	// the chaos suite must catch. It is set only by tests (export_test.go).
+	broken struct{ directRead, retainCheck bool }
 }
 
 // New returns a Controller. metrics may be nil; place nil means NoPlacement.
@@ -196,6 +200,9 @@ func (c *Controller) claim(ctx context.Context, key Key, name string) (string, e
 // confirms it, the identity, the placement and the claim are given back.
 func (c *Controller) collect(ctx context.Context, key Key) error {
 	_, err := c.api.GetNetwork(ctx, key.Namespace, key.Name)
+	if c.broken.directRead {
+		err = ErrNotFound
+	}
 	switch {
 	case err == nil:
 		c.log.Info("network the cache reads as gone still lives; nothing collected", "network", key.String())
@@ -241,7 +248,7 @@ func (c *Controller) release(ctx context.Context, name string) (string, error) {
 		return ReleaseKept, fmt.Errorf("claim %s kept: its allocation %s is missing, so nothing proves its block would stay retained", name, allocName)
 	case err != nil:
 		return ReleaseError, fmt.Errorf("read allocation %s of claim %s: %w", allocName, name, err)
-	case alloc.ReclaimPolicy != PolicyRetain:
+	case alloc.ReclaimPolicy != PolicyRetain && !c.broken.retainCheck:
 		return ReleaseKept, fmt.Errorf("claim %s kept: allocation %s is recorded reclaimPolicy %q, not Retain, so deleting the claim would free its block for reissue",
 			name, allocName, alloc.ReclaimPolicy)
 	}

@@ -24,6 +24,7 @@ type addressService struct {
 	claims      map[string]Claim
 	allocations map[string]Allocation
 	nextBlock   int
+	freeBlocks  []string // blocks freed by deleting a non-Retain allocation, reissued first
 	uids        int
 	events      []string
 
@@ -111,7 +112,6 @@ func (s *addressService) CreateClaim(_ context.Context, c Claim) (Claim, error) 
 	if a, ok := s.allocations[allocName]; ok && a.ClaimRef == "" {
 		return Claim{}, &AllocationRetainedError{Allocation: allocName}
 	}
-	s.nextBlock++
 	s.uids++
 	policy := c.ReclaimPolicy
 	if policy == "" {
@@ -121,7 +121,14 @@ func (s *addressService) CreateClaim(_ context.Context, c Claim) (Claim, error) 
 		policy = s.policyAtBind
 	}
 	c.UID = types.UID(fmt.Sprint(s.uids))
-	c.Phase, c.AllocatedCIDR, c.BoundAllocation = "Bound", fmt.Sprintf("fd00:0:%x:%x::/64", s.nextBlock>>16, s.nextBlock&0xffff), allocName
+	block := ""
+	if n := len(s.freeBlocks); n > 0 {
+		block, s.freeBlocks = s.freeBlocks[n-1], s.freeBlocks[:n-1]
+	} else {
+		s.nextBlock++
+		block = fmt.Sprintf("fd00:0:%x:%x::/64", s.nextBlock>>16, s.nextBlock&0xffff)
+	}
+	c.Phase, c.AllocatedCIDR, c.BoundAllocation = "Bound", block, allocName
 	s.claims[c.Name] = c
 	s.allocations[allocName] = Allocation{Namespace: c.Namespace, Name: allocName, ClaimRef: c.Name, ReclaimPolicy: policy, AllocatedCIDR: c.AllocatedCIDR}
 	return c, nil
@@ -174,6 +181,7 @@ func (s *addressService) DeleteClaim(_ context.Context, _, name string, uid type
 		s.allocations[c.BoundAllocation] = a
 	} else {
 		delete(s.allocations, c.BoundAllocation) // the block is free for reissue
+		s.freeBlocks = append(s.freeBlocks, a.AllocatedCIDR)
 	}
 	return nil
 }

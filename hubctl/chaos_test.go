@@ -1,0 +1,213 @@
+package hubctl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"testing"
+	"time"
+)
+
+// chaosSeed is GALACTIC_CHAOS_SEED when set, else the clock: every failure
+// message carries it, so a failing run can be replayed.
+func chaosSeed() uint64 {
+	if s, err := strconv.ParseUint(os.Getenv("GALACTIC_CHAOS_SEED"), 10, 64); err == nil {
+		return s
+	}
+	return uint64(time.Now().UnixNano())
+}
+
+// hubChaos drives the controller through random network creates, deletes
+// and re-creates, direct-read failures, release refusals, a quota at its
+// limit and controller restarts, over the address-service model, checking
+// after every step that no live network lost or changed its identity and
+// that no block was ever bound to two networks; then, faults cleared, that
+// no gone network still holds a quota unit (claims kept because their
+// allocation is not Retain aside). It returns the first violation.
+func hubChaos(seed uint64, ops int, breakIt func(*Controller)) error {
+	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	svc := newAddressService(12)
+	cache := fakeCache{}
+	newCtl := func() *Controller {
+		c := New(svc, cache, nil, nil, nil, Config{PlatformNamespace: "platform"})
+		if breakIt != nil {
+			breakIt(c)
+		}
+		return c
+	}
+	ctl := newCtl()
+	ctx := context.Background()
+	var keys []Key
+	for ns := range 3 {
+		for n := range 8 {
+			keys = append(keys, Key{fmt.Sprintf("team-%d", ns), fmt.Sprintf("net-%d", n)})
+		}
+	}
+	identityOf := map[Key]uint32{} // identities of live networks, as first seen
+	owner := map[string]Key{}      // block → the network name it was bound for
+	check := func(step int, what string) error {
+		for k, id := range identityOf {
+			if !cache[k] {
+				continue
+			}
+			got, err := svc.GetIdentity(ctx, k.Namespace, k.Name)
+			if err != nil || got.Identity != id {
+				return fmt.Errorf("step %d (%s): live network %s lost identity %d (now %v, %v)", step, what, k, id, got.Identity, err)
+			}
+		}
+		svc.mu.Lock()
+		defer svc.mu.Unlock()
+		for _, c := range svc.claims {
+			k := Key{c.NetworkNamespace, c.NetworkName}
+			if prev, ok := owner[c.AllocatedCIDR]; ok && prev != k {
+				return fmt.Errorf("step %d (%s): block %s reissued from %s to %s", step, what, c.AllocatedCIDR, prev, k)
+			}
+			owner[c.AllocatedCIDR] = k
+		}
+		// A block whose allocation is gone is free to be reissued, even if
+		// it has not been yet.
+		held := map[string]bool{}
+		for _, a := range svc.allocations {
+			held[a.AllocatedCIDR] = true
+		}
+		for block, k := range owner {
+			if !held[block] {
+				return fmt.Errorf("step %d (%s): block %s of %s was freed for reissue", step, what, block, k)
+			}
+		}
+		return nil
+	}
+	reconcile := func(k Key) { _ = ctl.Reconcile(ctx, k) }
+	for step := range ops {
+		k := keys[rng.IntN(len(keys))]
+		what := ""
+		switch r := rng.IntN(100); {
+		case r < 35:
+			what = "create " + k.String()
+			if !cache[k] {
+				svc.addNetwork(k.Namespace, k.Name)
+				cache[k] = true
+			}
+			reconcile(k)
+		case r < 60:
+			what = "delete " + k.String()
+			svc.deleteNetwork(k.Namespace, k.Name)
+			delete(cache, k)
+			delete(identityOf, k)
+			reconcile(k)
+		case r < 68:
+			what = "stale cache for " + k.String()
+			if cache[k] {
+				delete(cache, k) // the cache misses a network that lives
+				reconcile(k)
+				cache[k] = true
+			}
+		case r < 76:
+			what = "direct-read failure for " + k.String()
+			svc.mu.Lock()
+			svc.getNetworkErr = errInjected
+			svc.mu.Unlock()
+			reconcile(k)
+			svc.mu.Lock()
+			svc.getNetworkErr = nil
+			svc.mu.Unlock()
+		case r < 84:
+			what = "release refused for " + k.String()
+			svc.mu.Lock()
+			svc.deleteClaimErr = errors.Join(ErrRefused, errInjected)
+			svc.mu.Unlock()
+			reconcile(k)
+		case r < 88:
+			what = "controller restart"
+			ctl = newCtl()
+			ctl.Sweep(ctx)
+		case r < 92:
+			// A fresh name: a name that retained a block before adopts it
+			// instead of binding anew.
+			k = Key{k.Namespace, fmt.Sprintf("fresh-%d", step)}
+			keys = append(keys, k)
+			what = "create " + k.String() + ", its bind recorded Delete"
+			if !cache[k] {
+				svc.addNetwork(k.Namespace, k.Name)
+				cache[k] = true
+			}
+			svc.mu.Lock()
+			svc.policyAtBind = PolicyDelete
+			svc.mu.Unlock()
+			reconcile(k)
+			svc.mu.Lock()
+			svc.policyAtBind = ""
+			svc.mu.Unlock()
+		default:
+			what = "resync"
+			for _, k := range keys {
+				reconcile(k)
+			}
+		}
+		if cache[k] {
+			if id, err := svc.GetIdentity(ctx, k.Namespace, k.Name); err == nil {
+				if _, seen := identityOf[k]; !seen {
+					identityOf[k] = id.Identity
+				}
+			}
+		}
+		if err := check(step, what); err != nil {
+			return err
+		}
+	}
+	// Settle: faults cleared, a restart, the sweep, and resyncs until quiet.
+	svc.mu.Lock()
+	svc.deleteClaimErr, svc.getNetworkErr = nil, nil
+	svc.mu.Unlock()
+	ctl = newCtl()
+	ctl.Sweep(ctx)
+	for range 5 {
+		for _, k := range keys {
+			reconcile(k)
+		}
+	}
+	if err := check(ops, "settled"); err != nil {
+		return err
+	}
+	// Quota usage is back to what live networks hold: every claim left
+	// belongs to a live network, or is kept because its allocation is not
+	// Retain. (A network that adopted its retained block holds no claim.)
+	svc.mu.Lock()
+	defer svc.mu.Unlock()
+	for _, c := range svc.claims {
+		k := Key{c.NetworkNamespace, c.NetworkName}
+		if !cache[k] && svc.allocations[c.BoundAllocation].ReclaimPolicy == PolicyRetain {
+			return fmt.Errorf("settled: claim %s of gone network %s still holds a quota unit", c.Name, k)
+		}
+	}
+	return nil
+}
+
+func TestHubChaosKeepsLiveNetworksAndBlocks(t *testing.T) {
+	seed := chaosSeed()
+	if err := hubChaos(seed, 5000, nil); err != nil {
+		t.Fatalf("seed %d: %v", seed, err)
+	}
+}
+
+// The deliberately broken variants: the same chaos must catch each.
+func TestHubChaosCatchesABrokenDirectRead(t *testing.T) {
+	seed := chaosSeed()
+	if err := hubChaos(seed, 5000, (*Controller).BreakDirectRead); err == nil {
+		t.Fatalf("seed %d: collecting networks without a direct read went unnoticed", seed)
+	} else {
+		t.Logf("caught: %v", err)
+	}
+}
+
+func TestHubChaosCatchesABrokenRetainCheck(t *testing.T) {
+	seed := chaosSeed()
+	if err := hubChaos(seed, 5000, (*Controller).BreakRetainCheck); err == nil {
+		t.Fatalf("seed %d: releasing claims of non-Retain allocations went unnoticed", seed)
+	} else {
+		t.Logf("caught: %v", err)
+	}
+}
