@@ -75,6 +75,10 @@ type Reclaimer struct {
 	mu         sync.Mutex // guards what views read between passes
 	candidates map[uint32]candidate
 	history    []Report
+
+	// ignoreHeld switches every holder check off: a deliberately broken
+	// variant for the chaos suite to catch, set only by tests.
+	ignoreHeld bool
 }
 
 // candidate is a tap a pass found stale, to be confirmed by the next.
@@ -175,7 +179,7 @@ func (r *Reclaimer) pass(ctx context.Context, opts PassOptions) Report {
 	next := make(map[uint32]candidate)
 	var confirmed []candidate
 	for _, t := range stamped {
-		if t.Held() || snap.Carried(t.Identity) {
+		if (t.Held() && !r.ignoreHeld) || snap.Carried(t.Identity) {
 			continue
 		}
 		c := candidate{expect: link.Expect{Index: t.Index, Name: t.Name, Alias: t.Alias}, identity: t.Identity, firstSeen: now, passes: 1}
@@ -254,7 +258,7 @@ func (r *Reclaimer) remove(ctx context.Context, confirmed []candidate, dump []li
 	for i, c := range confirmed {
 		targets[i] = Target{Expect: c.expect, Identity: c.identity}
 	}
-	rm := &Remover{Links: r.links, Registry: r.reg, Locks: r.locks, LockTimeout: r.cfg.LockTimeout, Log: r.log}
+	rm := &Remover{Links: r.links, Registry: r.reg, Locks: r.locks, LockTimeout: r.cfg.LockTimeout, Log: r.log, ignoreHeld: r.ignoreHeld}
 	out := rm.Remove(ctx, targets, dump, func(ctx context.Context) (func(Target) string, error) {
 		// Taken after the links were read again, so an attachment that
 		// appeared while they were being read is seen.

@@ -1,0 +1,230 @@
+package reclaim_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/datum-cloud/galactic-node/internal/clustertest"
+	"github.com/datum-cloud/galactic-node/internal/nettest"
+	"github.com/datum-cloud/galactic-node/node/identity"
+	"github.com/datum-cloud/galactic-node/node/inventory"
+	"github.com/datum-cloud/galactic-node/node/link"
+	"github.com/datum-cloud/galactic-node/node/reclaim"
+	"github.com/datum-cloud/galactic-node/node/tun"
+)
+
+func envInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil {
+		return v
+	}
+	return def
+}
+
+func chaosSeed() uint64 {
+	if s, err := strconv.ParseUint(os.Getenv("GALACTIC_CHAOS_SEED"), 10, 64); err == nil {
+		return s
+	}
+	return uint64(time.Now().UnixNano())
+}
+
+// tapModel is what the chaos believes of one tap.
+type tapModel struct {
+	tap       link.Tap
+	holder    *nettest.Holder
+	staleRuns int // consecutive healthy, fault-free passes that saw it stale
+}
+
+// nodeChaos runs ops random operations against real taps in a netns and a
+// real API server (its own: it stops and starts it), with a reclaim pass
+// every few operations. After every pass it checks: no tap that was held or
+// whose identity an object carried during the pass was removed, and every
+// tap stale for two healthy, fault-free passes is gone. It returns the first
+// violation. breakIt, if set, breaks the reclaimer first.
+func nodeChaos(t *testing.T, seed uint64, ops int, breakIt func(*reclaim.Reclaimer)) error {
+	rng := rand.New(rand.NewPCG(seed, seed^0x5bd1e995))
+	cluster := clustertest.Start(t)
+	t.Cleanup(func() { _ = cluster.Env.Stop() })
+	s := newScene(t, cluster, nil)
+	if breakIt != nil {
+		breakIt(s.r)
+	}
+	ctx := context.Background()
+	ids := make([]identity.Identity, 0, 32)
+	for v := range 4 {
+		for a := range 8 {
+			ids = append(ids, identity.Identity{VPC: identity.VPC(70 + v), Attachment: identity.Attachment(a + 1)})
+		}
+	}
+	taps := map[identity.Identity]*tapModel{}
+	attached := map[identity.Identity]bool{}   // a VPCAttachment carries it
+	advertised := map[identity.Identity]bool{} // a BGPAdvertisement carries it
+	apiUp := true
+	carried := func(id identity.Identity) bool { return attached[id] || advertised[id] }
+
+	syncInventory := func() {
+		if !apiUp {
+			return
+		}
+		s.waitInventory("the chaos' objects", func(snap *inventory.Snapshot) bool {
+			if snap.Healthy() != nil {
+				return false
+			}
+			for _, id := range ids {
+				if snap.Carried(id) != carried(id) {
+					return false
+				}
+			}
+			return true
+		})
+	}
+
+	pass := func(step int) error {
+		faulty := s.reg.fail.Load() || s.links.failDelete.Load()
+		syncInventory()
+		rep := s.r.Pass(ctx, reclaim.PassOptions{})
+		healthy := rep.Result == reclaim.ResultCompleted
+		if !apiUp && len(rep.Reclaimed) > 0 {
+			return fmt.Errorf("step %d: a pass removed %v while the API server was stopped", step, rep.Reclaimed)
+		}
+		removed := map[uint32]bool{}
+		for _, r := range rep.Reclaimed {
+			removed[r.Ifindex] = true
+		}
+		for id, m := range taps {
+			isHeld := m.holder != nil
+			if removed[m.tap.Index] {
+				if isHeld || carried(id) || !m.tap.Stamped() {
+					return fmt.Errorf("step %d: pass removed %s (held %v, carried %v, stamp %q)", step, m.tap.Name, isHeld, carried(id), m.tap.Alias)
+				}
+				delete(taps, id)
+				continue
+			}
+			stale := !isHeld && !carried(id) && m.tap.Stamped()
+			switch {
+			case !stale || !healthy:
+				m.staleRuns = 0
+			case faulty:
+				// Removal may fail on purpose; do not count the pass.
+			default:
+				m.staleRuns++
+			}
+			if m.staleRuns >= 2 {
+				return fmt.Errorf("step %d: %s stale for two healthy passes but kept (report %+v)", step, m.tap.Name, rep)
+			}
+		}
+		return nil
+	}
+
+	stopAt, startAt := ops/3, ops/3+ops/20
+	for step := range ops {
+		if step == stopAt && apiUp {
+			if err := cluster.Env.ControlPlane.GetAPIServer().Stop(); err != nil {
+				return err
+			}
+			apiUp = false
+			s.waitInventory("the read failure", func(snap *inventory.Snapshot) bool { return snap.Err != nil })
+		}
+		if step == startAt && !apiUp {
+			if err := cluster.Env.ControlPlane.GetAPIServer().Start(); err != nil {
+				return err
+			}
+			apiUp = true
+		}
+		id := ids[rng.IntN(len(ids))]
+		m := taps[id]
+		switch r := rng.IntN(100); {
+		case r < 18 && m == nil:
+			owner := ""
+			if rng.IntN(10) > 0 {
+				owner = fmt.Sprintf("sandbox-%d", step)
+			}
+			if owner == "" {
+				nettest.NewTap(t, s.ns, id.TapName(), tun.Mode{})
+				l, err := s.conn.GetByName(ctx, id.TapName())
+				if err != nil {
+					return err
+				}
+				tp, _ := l.AsTap()
+				taps[id] = &tapModel{tap: tp}
+			} else {
+				taps[id] = &tapModel{tap: s.addTap(id, owner)}
+			}
+		case r < 26 && m != nil && m.holder == nil:
+			// CNI DEL, or the tap vanishing some other way.
+			if err := s.reg.Registry.UnregisterInterface(ctx, m.tap.Index); err != nil { // not through the fault seam
+				return err
+			}
+			if err := s.conn.DeleteVerified(ctx, link.Expect{Index: m.tap.Index, Name: m.tap.Name, Alias: m.tap.Alias}); err != nil && !errors.Is(err, link.ErrLinkGone) {
+				return err
+			}
+			delete(taps, id)
+		case r < 38 && m != nil && m.holder == nil:
+			m.holder = nettest.Hold(t, s.ns, m.tap.Name, nettest.HoldOptions{Detached: rng.IntN(2)})
+		case r < 48 && m != nil && m.holder != nil:
+			m.holder.Release()
+			m.holder = nil
+		case r < 54 && m != nil:
+			up := rng.IntN(2) == 0
+			if err := s.conn.Set(ctx, m.tap.Index, link.Change{Up: &up}); err != nil {
+				return err
+			}
+		case r < 66 && apiUp:
+			name := fmt.Sprintf("att-%d-%d", id.VPC, id.Attachment)
+			if attached[id] {
+				s.cluster.Delete(t, inventory.AttachmentResource, "tenant-chaos", name)
+			} else {
+				s.cluster.Apply(t, inventory.AttachmentResource, clustertest.Attachment("tenant-chaos", name, id.VPC.Base62(), id.Attachment.Base62()))
+			}
+			attached[id] = !attached[id]
+		case r < 74 && apiUp:
+			if advertised[id] {
+				s.cluster.Delete(t, inventory.AdvertisementResource, "node-b", id.AdvertisementName())
+			} else {
+				s.cluster.Apply(t, inventory.AdvertisementResource, clustertest.Advertisement("node-b", id.AdvertisementName(), "node-b"))
+			}
+			advertised[id] = !advertised[id]
+		case r < 78:
+			s.reg.fail.Store(rng.IntN(2) == 0)
+			s.links.failDelete.Store(rng.IntN(3) == 0)
+		case r < 100:
+			if err := pass(step); err != nil {
+				return err
+			}
+		}
+	}
+	s.reg.fail.Store(false)
+	s.links.failDelete.Store(false)
+	for range 3 {
+		if err := pass(ops); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+
+// TestNodeChaosNeverRemovesATapInUse runs 10,000 operations (fewer with
+// GALACTIC_CHAOS_OPS) against real taps and a real API server.
+func TestNodeChaosNeverRemovesATapInUse(t *testing.T) {
+	seed := chaosSeed()
+	if err := nodeChaos(t, seed, envInt("GALACTIC_CHAOS_OPS", 10000), nil); err != nil {
+		t.Fatalf("seed %d: %v", seed, err)
+	}
+}
+
+// TestNodeChaosCatchesABrokenHeldCheck runs the same chaos with every
+// holder check switched off: it must report a held tap removed.
+func TestNodeChaosCatchesABrokenHeldCheck(t *testing.T) {
+	seed := chaosSeed()
+	err := nodeChaos(t, seed, envInt("GALACTIC_CHAOS_OPS", 10000)/2, (*reclaim.Reclaimer).BreakHeldCheck)
+	if err == nil {
+		t.Fatalf("seed %d: removing held taps went unnoticed", seed)
+	}
+	t.Logf("caught: %v", err)
+}
