@@ -130,6 +130,27 @@ func (n *node) call(method, path, token string) (int, []byte) {
 	return resp.StatusCode, b
 }
 
+// callFresh is call without failing the test when nothing answers: code 0.
+func (n *node) callFresh(method, path, token string) (int, []byte) {
+	req, _ := http.NewRequest(method, "http://node"+path, nil)
+	req.Header.Set("Authorization", "Bearer "+token)
+	c := n.client()
+	c.Timeout = time.Minute
+	resp, err := c.Do(req)
+	if err != nil {
+		return 0, []byte(err.Error())
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, b
+}
+
+// linkGone reports whether no link of that name exists in the namespace.
+func (n *node) linkGone(name string) (string, bool) {
+	out, err := exec.Command("ip", "-n", n.ns.Name, "link", "show", name).CombinedOutput()
+	return string(out), err != nil
+}
+
 func (n *node) waitReady(log *bytes.Buffer) {
 	n.t.Helper()
 	deadline := time.Now().Add(30 * time.Second)

@@ -106,6 +106,10 @@ func parseDaemonFlags(args []string, stderr io.Writer) (*daemonFlags, error) {
 	return f, nil
 }
 
+// hangAfterRowsEnv names a marker file; when set, removals write it and hang
+// after clearing rows. Only the restart test sets it.
+const hangAfterRowsEnv = "GALACTIC_TEST_HANG_AFTER_ROWS"
+
 func isLoopback(addr string) bool {
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
@@ -186,7 +190,17 @@ func runDaemon(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	reclaimer := reclaim.New(conn, inv, registry, locks, metrics, log, reclaim.Config{DryRun: f.dryRun, MaxReclaimsPerPass: f.maxReclaims})
+	rcfg := reclaim.Config{DryRun: f.dryRun, MaxReclaimsPerPass: f.maxReclaims}
+	if marker := os.Getenv(hangAfterRowsEnv); marker != "" {
+		// The restart test's seam: hang mid-removal so that it can kill
+		// the daemon between a tap's rows and its link.
+		log.Warn("TEST SEAM ACTIVE: removals hang after clearing rows", "env", hangAfterRowsEnv)
+		rcfg.AfterRows = func() {
+			_ = os.WriteFile(marker, []byte("rows cleared\n"), 0o600)
+			time.Sleep(time.Hour)
+		}
+	}
+	reclaimer := reclaim.New(conn, inv, registry, locks, metrics, log, rcfg)
 	ag := &agent.Agent{Links: conn, Inventory: inv, Reclaimer: reclaimer, Registry: registry, Datapath: dp, ProcRoot: "/proc"}
 
 	var servers []*http.Server

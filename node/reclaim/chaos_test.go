@@ -208,7 +208,6 @@ func nodeChaos(t *testing.T, seed uint64, ops int, breakIt func(*reclaim.Reclaim
 	return nil
 }
 
-
 // TestNodeChaosNeverRemovesATapInUse runs 10,000 operations (fewer with
 // GALACTIC_CHAOS_OPS) against real taps and a real API server.
 func TestNodeChaosNeverRemovesATapInUse(t *testing.T) {

@@ -58,6 +58,10 @@ type Config struct {
 	LockTimeout time.Duration
 	// History is how many pass reports are kept. Default 32.
 	History int
+	// AfterRows, when set, is called after a tap's rows are cleared and
+	// before its link is removed: a seam for tests that kill the daemon
+	// mid-removal. Never set in production.
+	AfterRows func()
 }
 
 // Reclaimer runs passes, one at a time.
@@ -258,7 +262,7 @@ func (r *Reclaimer) remove(ctx context.Context, confirmed []candidate, dump []li
 	for i, c := range confirmed {
 		targets[i] = Target{Expect: c.expect, Identity: c.identity}
 	}
-	rm := &Remover{Links: r.links, Registry: r.reg, Locks: r.locks, LockTimeout: r.cfg.LockTimeout, Log: r.log, ignoreHeld: r.ignoreHeld}
+	rm := &Remover{Links: r.links, Registry: r.reg, Locks: r.locks, LockTimeout: r.cfg.LockTimeout, Log: r.log, AfterRows: r.cfg.AfterRows, ignoreHeld: r.ignoreHeld}
 	out := rm.Remove(ctx, targets, dump, func(ctx context.Context) (func(Target) string, error) {
 		// Taken after the links were read again, so an attachment that
 		// appeared while they were being read is seen.

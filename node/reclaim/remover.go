@@ -46,6 +46,9 @@ type Remover struct {
 	Locks       Locker
 	LockTimeout time.Duration
 	Log         *slog.Logger
+	// AfterRows, when set, runs after the rows of the batch are cleared and
+	// before any link is touched: a test seam (see Config.AfterRows).
+	AfterRows func()
 
 	// ignoreHeld switches the holder recheck off: a deliberately broken
 	// variant for the chaos suite to catch, set only by tests.
@@ -125,6 +128,9 @@ func (rm *Remover) Remove(ctx context.Context, targets []Target, dump []link.Lin
 		batch = append(batch, t)
 	}
 	if len(batch) > 0 {
+		if rm.AfterRows != nil {
+			rm.AfterRows()
+		}
 		rm.deleteBatch(ctx, batch, dump, &out)
 	}
 	return out
