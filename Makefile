@@ -10,7 +10,6 @@ GOLANGCI_LINT   ?= github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.15.
 # spurious "context deadline exceeded" when a duration runs out (golang/go
 # issue 75804, fixed in go1.27).
 FUZZTIME        ?= 300000x
-BENCHTIME       ?= 20x
 PKGS            := ./...
 VERSION         ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 
@@ -55,8 +54,9 @@ fuzz:
 		$(GO) test -run='^$$' -fuzz="^$$1\$$" -fuzztime=$$3 $$2 || exit 1; \
 	done
 
+# Every benchmark, as root; writes bench/RESULTS.md.
 bench: testbin
-	KUBEBUILDER_ASSETS=$$(hack/testbin.sh) $(GO) test -run='^$$' -bench=. -benchtime=$(BENCHTIME) -count=3 $(PKGS)
+	hack/bench.sh
 
 lint: fmt-check vet
 	$(GO) run $(GOLANGCI_LINT) run $(PKGS)

@@ -55,7 +55,7 @@ func hubChaos(seed uint64, ops int, breakIt func(*Controller)) error {
 			}
 			got, err := svc.GetIdentity(ctx, k.Namespace, k.Name)
 			if err != nil || got.Identity != id {
-				return fmt.Errorf("step %d (%s): live network %s lost identity %d (now %v, %v)", step, what, k, id, got.Identity, err)
+				return fmt.Errorf("step %d (%s): live network %s lost identity %d (now %v): %w", step, what, k, id, got.Identity, err)
 			}
 		}
 		svc.mu.Lock()

@@ -91,16 +91,20 @@ func (n *node) tapAdd(att, owner string) {
 // start runs the daemon in the namespace and returns it with its log.
 func (n *node) start(extra ...string) (*exec.Cmd, *bytes.Buffer) {
 	n.t.Helper()
+	return n.startFor(n.t, extra...)
+}
+
+func (n *node) startFor(tb testing.TB, extra ...string) (*exec.Cmd, *bytes.Buffer) {
 	args := append([]string{"netns", "exec", n.ns.Name, binary, "run", "--node-name", "node-a", "--interval", "0",
 		"--admin-socket", n.socket, "--admin-token-file", n.tokens, "--metrics-listen", "127.0.0.1:9180", "--log-format", "text"}, n.common()...)
 	cmd := exec.Command("ip", append(args, extra...)...)
 	var log bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &log, &log
 	if err := cmd.Start(); err != nil {
-		n.t.Fatal(err)
+		tb.Fatal(err)
 	}
 	n.daemons = append(n.daemons, cmd)
-	n.t.Cleanup(func() {
+	tb.Cleanup(func() {
 		if cmd.ProcessState == nil {
 			_ = cmd.Process.Kill()
 			_ = cmd.Wait()
@@ -153,6 +157,10 @@ func (n *node) linkGone(name string) (string, bool) {
 
 func (n *node) waitReady(log *bytes.Buffer) {
 	n.t.Helper()
+	n.waitReadyFor(n.t, log)
+}
+
+func (n *node) waitReadyFor(tb testing.TB, log *bytes.Buffer) {
 	deadline := time.Now().Add(30 * time.Second)
 	last := ""
 	for time.Now().Before(deadline) {
@@ -171,7 +179,7 @@ func (n *node) waitReady(log *bytes.Buffer) {
 		_ = d.Process.Kill()
 		_ = d.Wait()
 	}
-	n.t.Fatalf("the daemon never became ready (last answer %q):\n%s", last, log)
+	tb.Fatalf("the daemon never became ready (last answer %q):\n%s", last, log)
 }
 
 func (n *node) ifindex(name string) string {

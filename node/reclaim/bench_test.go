@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jsimonetti/rtnetlink/v2"
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 	"k8s.io/client-go/rest"
@@ -80,7 +81,9 @@ func rawDump(b *testing.B, c *netlink.Conn) int {
 }
 
 // BenchmarkPassWithNoRemovals runs a full pass over n live taps, and in the
-// same run a raw link dump of the same namespace as the peer.
+// same run, as peers in the same namespace: a raw link dump (stats skipped,
+// no parsing), rtnetlink's Link.List (tun driver registered), and
+// `ip -d -o link show`.
 func BenchmarkPassWithNoRemovals(b *testing.B) {
 	for _, n := range []int{1000, 10000} {
 		b.Run(fmt.Sprintf("taps=%d", n), func(b *testing.B) {
@@ -94,7 +97,12 @@ func BenchmarkPassWithNoRemovals(b *testing.B) {
 			}
 			defer raw.Close()
 			_ = raw.SetReadBuffer(4 << 20)
-			var peer time.Duration
+			rc, err := rtnetlink.Dial(&netlink.Config{NetNS: int(ns.File.Fd())})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer func() { _ = rc.Close() }()
+			var peer, list, ipShow time.Duration
 			for b.Loop() {
 				rep := r.Pass(context.Background(), reclaim.PassOptions{})
 				if rep.Inputs.StampedTaps != n || len(rep.Candidates) != 0 {
@@ -104,13 +112,25 @@ func BenchmarkPassWithNoRemovals(b *testing.B) {
 				start := time.Now()
 				rawDump(b, raw)
 				peer += time.Since(start)
+				start = time.Now()
+				if _, err := rc.Link.List(); err != nil {
+					b.Fatal(err)
+				}
+				list += time.Since(start)
+				start = time.Now()
+				if out, err := exec.Command("ip", "-n", ns.Name, "-d", "-o", "link", "show").CombinedOutput(); err != nil {
+					b.Fatalf("ip: %v: %.200s", err, out)
+				}
+				ipShow += time.Since(start)
 				b.StartTimer()
 			}
 			b.StopTimer()
 			ours := float64(b.Elapsed().Nanoseconds()) / float64(b.N)
-			p := float64(peer.Nanoseconds()) / float64(b.N)
-			b.ReportMetric(p, "rawdump-ns/op")
-			b.ReportMetric(ours/p, "x-of-rawdump")
+			per := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / float64(b.N) }
+			b.ReportMetric(per(peer), "rawdump-ns/op")
+			b.ReportMetric(ours/per(peer), "x-of-rawdump")
+			b.ReportMetric(ours/per(list), "x-of-linklist")
+			b.ReportMetric(ours/per(ipShow), "x-of-ip")
 			b.ReportMetric(ours/float64(n), "ns/tap")
 		})
 	}

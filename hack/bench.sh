@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# make bench: runs every benchmark (as root: they use real taps, eBPF and a
+# real API server) and writes bench/RESULTS.md with the machine and date.
+# Figures are ratios against peers measured in the same run, since these
+# machines are shared and noisy.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="$PATH:/usr/local/go/bin"
+KUBEBUILDER_ASSETS=$(hack/testbin.sh)
+export KUBEBUILDER_ASSETS
+raw=$(mktemp)
+trap 'rm -f "$raw"' EXIT
+
+run() { # run PKG REGEX BENCHTIME
+	echo "bench $1 $2" >&2
+	go test -run='^$' -bench="$2" -benchtime="$3" -timeout 60m "$1" | tee -a "$raw" >&2
+}
+run ./node/link 'Dump1000Taps$' 10x
+run ./ebpf/datapath 'Dump16384Rows' 10x
+run ./node/reclaim 'PassWithNoRemovals' 5x
+run ./node/reclaim 'Remove1000ConfirmedTaps' 2x
+run ./node/reclaim 'APIRequestsPerSteadyStatePass' 20x
+run ./node/inventory 'FileInventory100000Identities' 5x
+run ./admin 'PendingWithAuthAt64Clients' 3x
+run ./hubctl 'Release1000ClaimsOfGoneNetworks' 1x
+run ./integration 'DaemonRSS' 3x
+
+{
+	echo "# Benchmark results"
+	echo
+	echo "Written by \`make bench\` on $(date -u +%Y-%m-%dT%H:%MZ)."
+	echo
+	echo "Machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), kernel $(uname -r), $(go version | cut -d' ' -f3)."
+	echo "Shared and noisy: compare the ratios (x-of-…) across runs, not the absolute times."
+	echo
+	echo "| benchmark | iterations | figures |"
+	echo "|---|---|---|"
+	grep -E '^Benchmark' "$raw" | while read -r name iters rest; do
+		figs=$(echo "$rest" | awk '{ out=""; for (i = 1; i < NF; i += 2) { v=$i; if (v+0 >= 1e6) v=sprintf("%.3g", v); out = out (out=="" ? "" : ", ") v " " $(i+1) } print out }')
+		echo "| ${name%-*} | $iters | $figs |"
+	done
+	echo
+	echo "Peers: rawdump = one RTM_GETLINK dump with stats skipped and no parsing; linklist = rtnetlink v2"
+	echo "Link.List; ip = \`ip -d -o link show\`; ip-batch = \`ip -batch\` deleting one by one; ip-group ="
+	echo "\`ip link del group\`; bpftool = \`bpftool map dump pinned\`; bare = a bare net/http handler, or"
+	echo "bare client-go deletes for hubctl. The inventory figure is the file source, which caches the"
+	echo "same trimmed objects as the informers; API requests per pass are counted against a real API server."
+} > bench/RESULTS.md
+echo "wrote bench/RESULTS.md" >&2

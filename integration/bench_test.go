@@ -1,0 +1,85 @@
+package integration
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/datum-cloud/galactic-node/internal/nettest"
+	"github.com/datum-cloud/galactic-node/node/identity"
+	"github.com/datum-cloud/galactic-node/node/tun"
+)
+
+// BenchmarkDaemonRSSAt10000TapsAnd100000Identities runs the built daemon in
+// a netns of 10,000 stamped taps with an inventory of 100,000 identities
+// (carrying the taps), forces passes, and reports its resident memory.
+func BenchmarkDaemonRSSAt10000TapsAnd100000Identities(b *testing.B) {
+	const taps, identities = 10000, 100000
+	n := &node{ns: nettest.NewNS(b), dir: b.TempDir()}
+	n.bpffs = nettest.BPFFS(b)
+	n.socket = filepath.Join(n.dir, "admin.sock")
+	n.tokens = filepath.Join(n.dir, "tokens")
+	if err := os.WriteFile(n.tokens, []byte("admin "+adminToken+"\nread "+readToken+"\n"), 0o600); err != nil {
+		b.Fatal(err)
+	}
+	var batch strings.Builder
+	for i := range taps {
+		id := identity.Identity{VPC: identity.VPC(1 + i/1000), Attachment: identity.Attachment(i % 1000)}
+		nettest.NewTap(b, n.ns, id.TapName(), tun.Mode{})
+		fmt.Fprintf(&batch, "link set %s alias sandbox-%d\n", id.TapName(), i)
+	}
+	cmd := exec.Command("ip", "-n", n.ns.Name, "-batch", "-")
+	cmd.Stdin = strings.NewReader(batch.String())
+	if out, err := cmd.CombinedOutput(); err != nil {
+		b.Fatalf("ip -batch: %v: %.200s", err, out)
+	}
+	var inv bytes.Buffer
+	for i := range identities {
+		fmt.Fprintf(&inv, "---\napiVersion: cloud.datumapis.com/v1alpha1\nkind: VPCAttachment\nmetadata: {name: att-%d, namespace: t}\nstatus: {vpc: %q, vpcAttachment: %q}\n",
+			i, identity.VPC(1+i/1000).Base62(), identity.Attachment(i%1000).Base62())
+	}
+	invPath := filepath.Join(n.dir, "inventory.yaml")
+	if err := os.WriteFile(invPath, inv.Bytes(), 0o600); err != nil {
+		b.Fatal(err)
+	}
+	daemon, log := n.startFor(b, "--inventory-file", invPath, "--metrics-listen", "")
+	n.waitReadyFor(b, log)
+	var rss, hwm float64
+	for b.Loop() {
+		if code, body := n.callFresh("POST", "/v1/passes", adminToken); code != 200 || !strings.Contains(string(body), `"stampedTaps": 10000`) {
+			b.Fatalf("pass: %d %.300s", code, body)
+		}
+	}
+	rss, hwm = procMemMiB(b, daemon.Process.Pid)
+	b.ReportMetric(rss, "rss-MiB")
+	b.ReportMetric(hwm, "peak-rss-MiB")
+}
+
+func procMemMiB(b *testing.B, pid int) (rss, hwm float64) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		fields := strings.Fields(s.Text())
+		if len(fields) < 2 {
+			continue
+		}
+		kb, _ := strconv.ParseFloat(fields[1], 64)
+		switch fields[0] {
+		case "VmRSS:":
+			rss = kb / 1024
+		case "VmHWM:":
+			hwm = kb / 1024
+		}
+	}
+	return rss, hwm
+}
