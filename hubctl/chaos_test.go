@@ -211,3 +211,12 @@ func TestHubChaosCatchesABrokenRetainCheck(t *testing.T) {
 		t.Logf("caught: %v", err)
 	}
 }
+
+func TestHubChaosCatchesABrokenRelease(t *testing.T) {
+	seed := chaosSeed()
+	if err := hubChaos(seed, 5000, (*Controller).BreakRelease); err == nil {
+		t.Fatalf("seed %d: never giving claims back went unnoticed", seed)
+	} else {
+		t.Logf("caught: %v", err)
+	}
+}

@@ -46,7 +46,7 @@ type Controller struct {
 
 	// broken disables safety checks, for the deliberately broken variants
 	// the chaos suite must catch. It is set only by tests (export_test.go).
-	broken struct{ directRead, retainCheck bool }
+	broken struct{ directRead, retainCheck, release bool }
 }
 
 // New returns a Controller. metrics may be nil; place nil means NoPlacement.
@@ -227,6 +227,9 @@ func (c *Controller) collect(ctx context.Context, key Key) error {
 // release deletes a gone network's claim when its allocation is recorded
 // Retain, with the claim's UID as precondition.
 func (c *Controller) release(ctx context.Context, name string) (string, error) {
+	if c.broken.release {
+		return ReleaseReleased, nil
+	}
 	if !strings.HasPrefix(name, ClaimPrefix) {
 		return ReleaseKept, fmt.Errorf("claim %s is not a fabric-identity claim: never touched", name)
 	}

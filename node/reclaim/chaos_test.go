@@ -217,13 +217,21 @@ func TestNodeChaosNeverRemovesATapInUse(t *testing.T) {
 	}
 }
 
-// TestNodeChaosCatchesABrokenHeldCheck runs the same chaos with every
-// holder check switched off: it must report a held tap removed.
-func TestNodeChaosCatchesABrokenHeldCheck(t *testing.T) {
-	seed := chaosSeed()
-	err := nodeChaos(t, seed, envInt("GALACTIC_CHAOS_OPS", 10000)/2, (*reclaim.Reclaimer).BreakHeldCheck)
-	if err == nil {
-		t.Fatalf("seed %d: removing held taps went unnoticed", seed)
+// TestNodeChaosCatchesEachBrokenVariant runs the same chaos with one check
+// broken at a time: each must be reported.
+func TestNodeChaosCatchesEachBrokenVariant(t *testing.T) {
+	for name, breakIt := range map[string]func(*reclaim.Reclaimer){
+		"holder checks off":    (*reclaim.Reclaimer).BreakHeldCheck,
+		"inventory checks off": (*reclaim.Reclaimer).BreakCarriedCheck,
+		"removal off":          (*reclaim.Reclaimer).BreakRemoval,
+	} {
+		t.Run(name, func(t *testing.T) {
+			seed := chaosSeed()
+			err := nodeChaos(t, seed, envInt("GALACTIC_CHAOS_OPS", 10000)/2, breakIt)
+			if err == nil {
+				t.Fatalf("seed %d: %s went unnoticed", seed, name)
+			}
+			t.Logf("caught: %v", err)
+		})
 	}
-	t.Logf("caught: %v", err)
 }

@@ -1,5 +1,8 @@
 package reclaim
 
-// BreakHeldCheck switches every holder check off: the deliberately broken
-// variant the chaos suite must catch.
-func (r *Reclaimer) BreakHeldCheck() { r.ignoreHeld = true }
+// BreakHeldCheck, BreakCarriedCheck and BreakRemoval are the deliberately
+// broken variants the chaos suite must catch: every holder check off, every
+// inventory check off, and no removal at all.
+func (r *Reclaimer) BreakHeldCheck()    { r.ignoreHeld = true }
+func (r *Reclaimer) BreakCarriedCheck() { r.ignoreCarried = true }
+func (r *Reclaimer) BreakRemoval()      { r.cfg.DryRun = true }

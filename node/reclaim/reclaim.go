@@ -80,9 +80,10 @@ type Reclaimer struct {
 	candidates map[uint32]candidate
 	history    []Report
 
-	// ignoreHeld switches every holder check off: a deliberately broken
-	// variant for the chaos suite to catch, set only by tests.
-	ignoreHeld bool
+	// ignoreHeld and ignoreCarried switch every holder or inventory check
+	// off: deliberately broken variants for the chaos suite to catch, set
+	// only by tests.
+	ignoreHeld, ignoreCarried bool
 }
 
 // candidate is a tap a pass found stale, to be confirmed by the next.
@@ -183,7 +184,7 @@ func (r *Reclaimer) pass(ctx context.Context, opts PassOptions) Report {
 	next := make(map[uint32]candidate)
 	var confirmed []candidate
 	for _, t := range stamped {
-		if (t.Held() && !r.ignoreHeld) || snap.Carried(t.Identity) {
+		if (t.Held() && !r.ignoreHeld) || (snap.Carried(t.Identity) && !r.ignoreCarried) {
 			continue
 		}
 		c := candidate{expect: link.Expect{Index: t.Index, Name: t.Name, Alias: t.Alias}, identity: t.Identity, firstSeen: now, passes: 1}
@@ -271,7 +272,7 @@ func (r *Reclaimer) remove(ctx context.Context, confirmed []candidate, dump []li
 			return nil, fmt.Errorf("fresh inventory not trustworthy: %w", err)
 		}
 		return func(t Target) string {
-			if fresh.Carried(t.Identity) {
+			if fresh.Carried(t.Identity) && !r.ignoreCarried {
 				return fmt.Sprintf("identity %s carried by %v at recheck", t.Identity, fresh.Carriers(t.Identity))
 			}
 			return ""
