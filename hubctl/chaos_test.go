@@ -5,20 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"os"
-	"strconv"
 	"testing"
-	"time"
-)
 
-// chaosSeed is GALACTIC_CHAOS_SEED when set, else the clock: every failure
-// message carries it, so a failing run can be replayed.
-func chaosSeed() uint64 {
-	if s, err := strconv.ParseUint(os.Getenv("GALACTIC_CHAOS_SEED"), 10, 64); err == nil {
-		return s
-	}
-	return uint64(time.Now().UnixNano())
-}
+	"github.com/datum-cloud/galactic-node/internal/chaostest"
+)
 
 // hubChaos drives the controller through random network creates, deletes
 // and re-creates, direct-read failures, release refusals, a quota at its
@@ -187,36 +177,27 @@ func hubChaos(seed uint64, ops int, breakIt func(*Controller)) error {
 }
 
 func TestHubChaosKeepsLiveNetworksAndBlocks(t *testing.T) {
-	seed := chaosSeed()
-	if err := hubChaos(seed, 5000, nil); err != nil {
+	seed := chaostest.Seed()
+	if err := hubChaos(seed, chaostest.Ops(5000), nil); err != nil {
 		t.Fatalf("seed %d: %v", seed, err)
 	}
 }
 
-// The deliberately broken variants: the same chaos must catch each.
-func TestHubChaosCatchesABrokenDirectRead(t *testing.T) {
-	seed := chaosSeed()
-	if err := hubChaos(seed, 5000, (*Controller).BreakDirectRead); err == nil {
-		t.Fatalf("seed %d: collecting networks without a direct read went unnoticed", seed)
-	} else {
-		t.Logf("caught: %v", err)
-	}
-}
-
-func TestHubChaosCatchesABrokenRetainCheck(t *testing.T) {
-	seed := chaosSeed()
-	if err := hubChaos(seed, 5000, (*Controller).BreakRetainCheck); err == nil {
-		t.Fatalf("seed %d: releasing claims of non-Retain allocations went unnoticed", seed)
-	} else {
-		t.Logf("caught: %v", err)
-	}
-}
-
-func TestHubChaosCatchesABrokenRelease(t *testing.T) {
-	seed := chaosSeed()
-	if err := hubChaos(seed, 5000, (*Controller).BreakRelease); err == nil {
-		t.Fatalf("seed %d: never giving claims back went unnoticed", seed)
-	} else {
-		t.Logf("caught: %v", err)
+// TestHubChaosCatchesEachBrokenVariant runs the same chaos with one check
+// broken at a time: each must be reported.
+func TestHubChaosCatchesEachBrokenVariant(t *testing.T) {
+	for name, breakIt := range map[string]func(*Controller){
+		"direct read off":  (*Controller).BreakDirectRead,
+		"Retain check off": (*Controller).BreakRetainCheck,
+		"release off":      (*Controller).BreakRelease,
+	} {
+		t.Run(name, func(t *testing.T) {
+			seed := chaostest.Seed()
+			err := hubChaos(seed, chaostest.Ops(5000), breakIt)
+			if err == nil {
+				t.Fatalf("seed %d: %s went unnoticed", seed, name)
+			}
+			t.Logf("caught: %v", err)
+		})
 	}
 }

@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net/netip"
-	"strconv"
-	"strings"
 
 	"github.com/datum-cloud/galactic-node/ebpf/datapath"
 	"github.com/datum-cloud/galactic-node/node/attachreg"
@@ -35,19 +33,11 @@ type portList []attachreg.HostPort
 
 func (p *portList) String() string { return fmt.Sprint(*p) }
 func (p *portList) Set(s string) error {
-	proto, port, ok := strings.Cut(s, "/")
-	n, err := strconv.ParseUint(port, 10, 16)
-	if !ok || err != nil || n == 0 {
-		return fmt.Errorf("%q: want tcp/PORT or udp/PORT", s)
+	hp, err := attachreg.ParseHostPort(s)
+	if err != nil {
+		return err
 	}
-	switch proto {
-	case "tcp":
-		*p = append(*p, attachreg.HostPort{Protocol: datapath.ProtocolTCP, Port: uint16(n)})
-	case "udp":
-		*p = append(*p, attachreg.HostPort{Protocol: datapath.ProtocolUDP, Port: uint16(n)})
-	default:
-		return fmt.Errorf("%q: want tcp/PORT or udp/PORT", s)
-	}
+	*p = append(*p, hp)
 	return nil
 }
 

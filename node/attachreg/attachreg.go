@@ -16,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 
 	"github.com/cilium/ebpf"
 	ciliumlink "github.com/cilium/ebpf/link"
@@ -47,6 +48,23 @@ type Registration struct {
 type HostPort struct {
 	Protocol datapath.Protocol
 	Port     uint16
+}
+
+// ParseHostPort parses "tcp/PORT" or "udp/PORT", as configurations write
+// host-only ports.
+func ParseHostPort(s string) (HostPort, error) {
+	proto, port, ok := strings.Cut(s, "/")
+	n, err := strconv.ParseUint(port, 10, 16)
+	if !ok || err != nil || n == 0 {
+		return HostPort{}, fmt.Errorf("host-only port %q: want tcp/PORT or udp/PORT", s)
+	}
+	switch proto {
+	case "tcp":
+		return HostPort{Protocol: datapath.ProtocolTCP, Port: uint16(n)}, nil
+	case "udp":
+		return HostPort{Protocol: datapath.ProtocolUDP, Port: uint16(n)}, nil
+	}
+	return HostPort{}, fmt.Errorf("host-only port %q: want tcp/PORT or udp/PORT", s)
 }
 
 // Registry registers interfaces of one network namespace.

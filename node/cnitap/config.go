@@ -12,8 +12,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"strconv"
-	"strings"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
@@ -176,7 +174,7 @@ func (inv *invocation) build() error {
 	}
 	var ports []attachreg.HostPort
 	for _, p := range c.HostOnlyPorts {
-		hp, err := parseHostPort(p)
+		hp, err := attachreg.ParseHostPort(p)
 		if err != nil {
 			errs = append(errs, err)
 			continue
@@ -192,19 +190,4 @@ func (inv *invocation) build() error {
 		Policy:  datapath.Policy{Generation: c.Policy.Generation, DefaultAction: action, Ethertypes: c.Policy.Ethertypes, Protocols: protocols},
 		Gateway: gw, HostOnlyPorts: ports}
 	return nil
-}
-
-func parseHostPort(s string) (attachreg.HostPort, error) {
-	proto, port, ok := strings.Cut(s, "/")
-	n, err := strconv.ParseUint(port, 10, 16)
-	if !ok || err != nil || n == 0 {
-		return attachreg.HostPort{}, fmt.Errorf("host-only port %q: want tcp/PORT or udp/PORT", s)
-	}
-	switch proto {
-	case "tcp":
-		return attachreg.HostPort{Protocol: datapath.ProtocolTCP, Port: uint16(n)}, nil
-	case "udp":
-		return attachreg.HostPort{Protocol: datapath.ProtocolUDP, Port: uint16(n)}, nil
-	}
-	return attachreg.HostPort{}, fmt.Errorf("host-only port %q: want tcp/PORT or udp/PORT", s)
 }

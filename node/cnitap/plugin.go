@@ -72,6 +72,21 @@ func (e *env) close() {
 	e.dp.Close()
 }
 
+// run parses the request, opens the node's parts and calls do, answering
+// any failure as a CNI error.
+func (p *Plugin) run(args *skel.CmdArgs, needIdentity bool, do func(*invocation, *env) error) error {
+	inv, err := parse(args, needIdentity)
+	if err != nil {
+		return cniError(err)
+	}
+	e, err := p.open(inv.conf)
+	if err != nil {
+		return cniError(err)
+	}
+	defer e.close()
+	return cniError(do(inv, e))
+}
+
 // cniError maps an error to a CNI error with a code and its message.
 func cniError(err error) error {
 	var te *types.Error
@@ -94,27 +109,22 @@ func cniError(err error) error {
 // it, adds its routes and registers its rows, under the VPC's VRF lock. On
 // failure it undoes what it made; a tap it adopted is never deleted.
 func (p *Plugin) Add(args *skel.CmdArgs) error {
-	inv, err := parse(args, true)
-	if err != nil {
-		return cniError(err)
-	}
-	e, err := p.open(inv.conf)
-	if err != nil {
-		return cniError(err)
-	}
-	defer e.close()
+	return p.run(args, true, p.add)
+}
+
+func (p *Plugin) add(inv *invocation, e *env) error {
 	ctx, cancel := context.WithTimeout(context.Background(), lockTimeout)
 	defer cancel()
 	unlock, err := e.locks.Lock(ctx, inv.identity.VPC)
 	if err != nil {
-		return cniError(err)
+		return err
 	}
 	defer unlock()
 	ctx = context.WithoutCancel(ctx) // holding the lock, finish what is started
 
 	res, err := e.taps.Create(ctx, inv.tap)
 	if err != nil {
-		return cniError(err)
+		return err
 	}
 	if err := e.reg.RegisterInterface(ctx, res.Tap.Index, inv.reg); err != nil {
 		if !res.Adopted {
@@ -122,7 +132,7 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 				err = errors.Join(err, fmt.Errorf("undo: %w", derr))
 			}
 		}
-		return cniError(err)
+		return err
 	}
 	p.Log.Info("ADD", "container", inv.containerID, "tap", res.Tap.Name, "ifindex", res.Tap.Index, "adopted", res.Adopted)
 	result := &current.Result{
@@ -135,26 +145,19 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 // Del unregisters the tap's rows and deletes it, only if this container
 // stamped it. A tap that is gone, or another container's, is success.
 func (p *Plugin) Del(args *skel.CmdArgs) error {
-	inv, err := parse(args, false)
-	if err != nil {
-		return cniError(err)
-	}
-	e, err := p.open(inv.conf)
-	if err != nil {
-		return cniError(err)
-	}
-	defer e.close()
-	ctx := context.Background()
-	targets, err := p.ownTaps(ctx, e, inv)
-	if err != nil {
-		return cniError(err)
-	}
-	for _, t := range targets {
-		if err := p.del(ctx, e, inv, t); err != nil {
-			return cniError(err)
+	return p.run(args, false, func(inv *invocation, e *env) error {
+		ctx := context.Background()
+		targets, err := p.ownTaps(ctx, e, inv)
+		if err != nil {
+			return err
 		}
-	}
-	return nil
+		for _, t := range targets {
+			if err := p.del(ctx, e, inv, t); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 }
 
 // ownTaps finds the taps DEL acts on: the one named from the identity, or,
@@ -214,15 +217,10 @@ func (p *Plugin) del(ctx context.Context, e *env, inv *invocation, t link.Tap) e
 // Check verifies that the tap exists, is stamped by this container, is
 // enslaved to its VRF and has its rows and program.
 func (p *Plugin) Check(args *skel.CmdArgs) error {
-	inv, err := parse(args, true)
-	if err != nil {
-		return cniError(err)
-	}
-	e, err := p.open(inv.conf)
-	if err != nil {
-		return cniError(err)
-	}
-	defer e.close()
+	return p.run(args, true, p.check)
+}
+
+func (p *Plugin) check(inv *invocation, e *env) error {
 	ctx := context.Background()
 	fail := func(format string, a ...any) error {
 		return types.NewError(ErrCheckFailed, fmt.Sprintf(format, a...), "")
@@ -233,7 +231,7 @@ func (p *Plugin) Check(args *skel.CmdArgs) error {
 		return fail("tap %s does not exist", name)
 	}
 	if err != nil {
-		return cniError(err)
+		return err
 	}
 	if l.Alias != inv.containerID {
 		return fail("tap %s is stamped %q, not by container %s", name, l.Alias, inv.containerID)
@@ -244,7 +242,7 @@ func (p *Plugin) Check(args *skel.CmdArgs) error {
 	}
 	rows, err := e.reg.Rows(l.Index)
 	if err != nil {
-		return cniError(err)
+		return err
 	}
 	var missing []string
 	for _, m := range []string{"ifindex_vrf", "traffic_policy", "egress_kind"} {
@@ -268,15 +266,10 @@ func (p *Plugin) Check(args *skel.CmdArgs) error {
 // with any interface keeps all its taps: the stamp records the container,
 // not the interface name.
 func (p *Plugin) GC(args *skel.CmdArgs) error {
-	inv, err := parse(args, false)
-	if err != nil {
-		return cniError(err)
-	}
-	e, err := p.open(inv.conf)
-	if err != nil {
-		return cniError(err)
-	}
-	defer e.close()
+	return p.run(args, false, p.gc)
+}
+
+func (p *Plugin) gc(inv *invocation, e *env) error {
 	ctx := context.Background()
 	valid := map[string]bool{}
 	for _, a := range inv.conf.ValidAttachments {
@@ -284,7 +277,7 @@ func (p *Plugin) GC(args *skel.CmdArgs) error {
 	}
 	links, err := e.conn.Links(ctx)
 	if err != nil {
-		return cniError(err)
+		return err
 	}
 	var targets []reclaim.Target
 	for _, t := range link.TenantTaps(links) {

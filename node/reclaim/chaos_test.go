@@ -5,11 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"os"
-	"strconv"
 	"testing"
-	"time"
 
+	"github.com/datum-cloud/galactic-node/internal/chaostest"
 	"github.com/datum-cloud/galactic-node/internal/clustertest"
 	"github.com/datum-cloud/galactic-node/internal/nettest"
 	"github.com/datum-cloud/galactic-node/node/identity"
@@ -18,20 +16,6 @@ import (
 	"github.com/datum-cloud/galactic-node/node/reclaim"
 	"github.com/datum-cloud/galactic-node/node/tun"
 )
-
-func envInt(name string, def int) int {
-	if v, err := strconv.Atoi(os.Getenv(name)); err == nil {
-		return v
-	}
-	return def
-}
-
-func chaosSeed() uint64 {
-	if s, err := strconv.ParseUint(os.Getenv("GALACTIC_CHAOS_SEED"), 10, 64); err == nil {
-		return s
-	}
-	return uint64(time.Now().UnixNano())
-}
 
 // tapModel is what the chaos believes of one tap.
 type tapModel struct {
@@ -211,8 +195,8 @@ func nodeChaos(t *testing.T, seed uint64, ops int, breakIt func(*reclaim.Reclaim
 // TestNodeChaosNeverRemovesATapInUse runs 10,000 operations (fewer with
 // GALACTIC_CHAOS_OPS) against real taps and a real API server.
 func TestNodeChaosNeverRemovesATapInUse(t *testing.T) {
-	seed := chaosSeed()
-	if err := nodeChaos(t, seed, envInt("GALACTIC_CHAOS_OPS", 10000), nil); err != nil {
+	seed := chaostest.Seed()
+	if err := nodeChaos(t, seed, chaostest.Ops(10000), nil); err != nil {
 		t.Fatalf("seed %d: %v", seed, err)
 	}
 }
@@ -226,8 +210,8 @@ func TestNodeChaosCatchesEachBrokenVariant(t *testing.T) {
 		"removal off":          (*reclaim.Reclaimer).BreakRemoval,
 	} {
 		t.Run(name, func(t *testing.T) {
-			seed := chaosSeed()
-			err := nodeChaos(t, seed, envInt("GALACTIC_CHAOS_OPS", 10000)/2, breakIt)
+			seed := chaostest.Seed()
+			err := nodeChaos(t, seed, chaostest.Ops(10000)/2, breakIt)
 			if err == nil {
 				t.Fatalf("seed %d: %s went unnoticed", seed, name)
 			}
