@@ -199,6 +199,10 @@ func waitFor(t testing.TB, what string, cond func() bool) {
 
 func (h *hub) network(t testing.TB, ns, name string) {
 	t.Helper()
+	t.Cleanup(func() {
+		h.cluster.Delete(t, hubctl.NetworkResource, ns, name)
+		h.cluster.Delete(t, hubctl.FabricIdentityResource, ns, name)
+	})
 	h.cluster.Apply(t, hubctl.NetworkResource, &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": "networking.datumapis.com/v1alpha", "kind": "Network",
 		"metadata": map[string]any{"namespace": ns, "name": name}, "spec": map[string]any{},
