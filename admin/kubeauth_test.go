@@ -2,8 +2,10 @@ package admin_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"strings"
+	"time"
 	"testing"
 
 	authnv1 "k8s.io/api/authentication/v1"
@@ -27,7 +29,9 @@ func TestDelegatedAuthFollowsRBAC(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	const ns = "galactic-admin-test"
+	// A namespace of its own each run: a deleted one lingers while it
+	// terminates.
+	ns := fmt.Sprintf("galactic-admin-test-%d", time.Now().UnixNano()%1e9)
 	must := func(_ any, err error) {
 		t.Helper()
 		if err != nil {
