@@ -88,8 +88,7 @@ type Reclaimer struct {
 
 // candidate is a tap a pass found stale, to be confirmed by the next.
 type candidate struct {
-	expect    link.Expect
-	identity  identity.Identity
+	Target
 	firstSeen time.Time
 	passes    int
 }
@@ -187,14 +186,14 @@ func (r *Reclaimer) pass(ctx context.Context, opts PassOptions) Report {
 		if (t.Held() && !r.ignoreHeld) || (snap.Carried(t.Identity) && !r.ignoreCarried) {
 			continue
 		}
-		c := candidate{expect: link.Expect{Index: t.Index, Name: t.Name, Alias: t.Alias}, identity: t.Identity, firstSeen: now, passes: 1}
-		if p, ok := prev[t.Index]; ok && p.expect == c.expect {
+		c := candidate{Target: Target{Expect: link.Expect{Index: t.Index, Name: t.Name, Alias: t.Alias}, Identity: t.Identity}, firstSeen: now, passes: 1}
+		if p, ok := prev[t.Index]; ok && p.Expect == c.Expect {
 			c.firstSeen, c.passes = p.firstSeen, p.passes+1
 			confirmed = append(confirmed, c)
 		}
 		next[t.Index] = c
 		rep.Candidates = append(rep.Candidates, CandidateReport{
-			Tap: tapRef(c), FirstSeen: c.firstSeen, Passes: c.passes,
+			Tap: tapRefOf(c.Target), FirstSeen: c.firstSeen, Passes: c.passes,
 			Why: "nothing holds it and no VPCAttachment or BGPAdvertisement carries " + t.Identity.String(),
 		})
 	}
@@ -203,14 +202,14 @@ func (r *Reclaimer) pass(ctx context.Context, opts PassOptions) Report {
 			r.log.Info("stale tap candidate", "tap", c.Tap.Name, "ifindex", c.Tap.Ifindex, "owner", c.Tap.Owner, "why", c.Why)
 		}
 	}
-	slices.SortFunc(confirmed, func(a, b candidate) int { return cmp.Compare(a.expect.Index, b.expect.Index) })
+	slices.SortFunc(confirmed, func(a, b candidate) int { return cmp.Compare(a.Expect.Index, b.Expect.Index) })
 	if max := r.cfg.MaxReclaimsPerPass; max > 0 && len(confirmed) > max {
 		rep.RolledOver = len(confirmed) - max
 		confirmed = confirmed[:max]
 	}
 	for _, c := range confirmed {
-		rep.Confirmed = append(rep.Confirmed, tapRef(c))
-		r.log.Info("stale tap confirmed", "tap", c.expect.Name, "ifindex", c.expect.Index, "owner", c.expect.Alias, "passes", c.passes)
+		rep.Confirmed = append(rep.Confirmed, tapRefOf(c.Target))
+		r.log.Info("stale tap confirmed", "tap", c.Expect.Name, "ifindex", c.Expect.Index, "owner", c.Expect.Alias, "passes", c.passes)
 	}
 	if len(confirmed) > 0 {
 		r.remove(ctx, confirmed, links, opts.DryRun, &rep)
@@ -261,7 +260,7 @@ func (r *Reclaimer) record(rep Report) {
 func (r *Reclaimer) remove(ctx context.Context, confirmed []candidate, dump []link.Link, dryRun bool, rep *Report) {
 	targets := make([]Target, len(confirmed))
 	for i, c := range confirmed {
-		targets[i] = Target{Expect: c.expect, Identity: c.identity}
+		targets[i] = c.Target
 	}
 	rm := &Remover{Links: r.links, Registry: r.reg, Locks: r.locks, LockTimeout: r.cfg.LockTimeout, Log: r.log, AfterRows: r.cfg.AfterRows, ignoreHeld: r.ignoreHeld}
 	out := rm.Remove(ctx, targets, dump, func(ctx context.Context) (func(Target) string, error) {
@@ -281,7 +280,7 @@ func (r *Reclaimer) remove(ctx context.Context, confirmed []candidate, dump []li
 	rep.Reclaimed, rep.WouldReclaim, rep.Kept, rep.Failed = out.Reclaimed, out.WouldReclaim, out.Kept, out.Failed
 	firstSeen := make(map[uint32]time.Time, len(confirmed))
 	for _, c := range confirmed {
-		firstSeen[c.expect.Index] = c.firstSeen
+		firstSeen[c.Expect.Index] = c.firstSeen
 	}
 	for _, t := range out.Reclaimed {
 		r.log.Info("stale tap reclaimed", "tap", t.Name, "ifindex", t.Ifindex, "owner", t.Owner,

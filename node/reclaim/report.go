@@ -66,10 +66,6 @@ type Failure struct {
 	Error string `json:"error"`
 }
 
-func tapRef(c candidate) TapRef {
-	return TapRef{Name: c.expect.Name, Ifindex: c.expect.Index, Owner: c.expect.Alias, Identity: c.identity}
-}
-
 // Pending is a candidate awaiting confirmation, for views.
 type Pending struct {
 	Tap       TapRef    `json:"tap"`
@@ -83,7 +79,7 @@ func (r *Reclaimer) Pending() []Pending {
 	defer r.mu.Unlock()
 	out := make([]Pending, 0, len(r.candidates))
 	for _, c := range r.candidates {
-		out = append(out, Pending{Tap: tapRef(c), FirstSeen: c.firstSeen, Passes: c.passes})
+		out = append(out, Pending{Tap: tapRefOf(c.Target), FirstSeen: c.firstSeen, Passes: c.passes})
 	}
 	return out
 }
