@@ -7,11 +7,12 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
+	"go.yaml.in/yaml/v3"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
-	"sigs.k8s.io/yaml"
 )
 
 // File reads the inventory from a multi-document YAML file of full
@@ -20,7 +21,9 @@ import (
 // read again whenever its size, modification time or inode changes. A
 // document of another kind, or one that does not parse, makes the snapshot
 // unhealthy with an error naming the document, so nothing is removed on a
-// file that was half written or mistyped.
+// file that was half written or mistyped; so does an object whose identity
+// fields do not parse (ErrMalformedObject). Fields are read as the text
+// written, as the API server would keep them.
 type File struct {
 	path string
 
@@ -70,16 +73,114 @@ func (f *File) Snapshot(context.Context) Snapshot {
 
 // fileDocument is the part of an object the inventory reads.
 type fileDocument struct {
-	APIVersion string `json:"apiVersion"`
-	Kind       string `json:"kind"`
-	Metadata   struct {
-		Name      string `json:"name"`
-		Namespace string `json:"namespace"`
-	} `json:"metadata"`
-	Status struct {
-		VPC           string `json:"vpc"`
-		VPCAttachment string `json:"vpcAttachment"`
-	} `json:"status"`
+	APIVersion, Kind string
+	Metadata         struct{ Name, Namespace string }
+	Status           struct{ VPC, VPCAttachment string }
+}
+
+// decode reads the fields of one YAML document as the text written. The
+// CRDs keep them as strings, whereas YAML 1.1 resolution (sigs.k8s.io/yaml)
+// would read vpcAttachment 0012 as the octal 10, another identity than the
+// one the cluster carries. An absent, null or empty value is not set.
+func (d *fileDocument) decode(raw []byte) error {
+	var doc yaml.Node
+	if err := yaml.Unmarshal(raw, &doc); err != nil {
+		return err
+	}
+	if doc.Kind != yaml.DocumentNode || len(doc.Content) == 0 {
+		return nil
+	}
+	root := resolve(doc.Content[0])
+	if root.Kind != yaml.MappingNode && !isNull(root) {
+		return fmt.Errorf("want a mapping, got %s", describe(root))
+	}
+	for _, f := range []struct {
+		path []string
+		dst  *string
+	}{
+		{[]string{"apiVersion"}, &d.APIVersion},
+		{[]string{"kind"}, &d.Kind},
+		{[]string{"metadata", "name"}, &d.Metadata.Name},
+		{[]string{"metadata", "namespace"}, &d.Metadata.Namespace},
+		{[]string{"status", "vpc"}, &d.Status.VPC},
+		{[]string{"status", "vpcAttachment"}, &d.Status.VPCAttachment},
+	} {
+		v, err := textAt(root, f.path)
+		if err != nil {
+			return err
+		}
+		*f.dst = v
+	}
+	return nil
+}
+
+// textAt returns the text of the scalar at path, a sequence of mapping keys
+// from n, or "" when a value along it is absent or null.
+func textAt(n *yaml.Node, path []string) (string, error) {
+	for i, key := range path {
+		if n = resolve(n); isNull(n) {
+			return "", nil
+		}
+		if n.Kind != yaml.MappingNode {
+			return "", fmt.Errorf("%s: want a mapping, got %s", strings.Join(path[:i], "."), describe(n))
+		}
+		var err error
+		if n, err = valueOf(n, key); err != nil || n == nil {
+			if err != nil {
+				err = fmt.Errorf("%s: %w", strings.Join(path[:i+1], "."), err)
+			}
+			return "", err
+		}
+	}
+	switch n = resolve(n); {
+	case isNull(n):
+		return "", nil
+	case n.Kind != yaml.ScalarNode:
+		return "", fmt.Errorf("%s: want a string, got %s", strings.Join(path, "."), describe(n))
+	}
+	return n.Value, nil
+}
+
+// valueOf returns the value of key in mapping m, or nil if absent. A key
+// given twice, or a merge key that could supply it, is an error: which value
+// holds is then a matter of YAML library, and the answer decides a removal.
+func valueOf(m *yaml.Node, key string) (*yaml.Node, error) {
+	var v *yaml.Node
+	for i := 0; i+1 < len(m.Content); i += 2 {
+		k := resolve(m.Content[i])
+		switch {
+		case k.Kind == yaml.ScalarNode && k.ShortTag() == "!!merge":
+			return nil, errors.New("a merge key (<<) may set it, which is not supported")
+		case k.Kind != yaml.ScalarNode || k.Value != key:
+			continue
+		case v != nil:
+			return nil, errors.New("key given twice")
+		}
+		v = m.Content[i+1]
+	}
+	return v, nil
+}
+
+func resolve(n *yaml.Node) *yaml.Node {
+	if n.Kind == yaml.AliasNode && n.Alias != nil {
+		return n.Alias
+	}
+	return n
+}
+
+// isNull: an explicit null (~, null) or an empty value, not a quoted "null".
+func isNull(n *yaml.Node) bool { return n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null" }
+
+func describe(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.MappingNode:
+		return "a mapping"
+	case yaml.SequenceNode:
+		return "a sequence"
+	case yaml.ScalarNode:
+		return "a scalar"
+	}
+	return "an alias"
 }
 
 func readFile(path string) ([]Object, error) {
@@ -106,7 +207,7 @@ func ParseObjects(data []byte) ([]Object, error) {
 			continue
 		}
 		var doc fileDocument
-		if err := yaml.Unmarshal(raw, &doc); err != nil {
+		if err := doc.decode(raw); err != nil {
 			return nil, fmt.Errorf("inventory document %d: %w", n, err)
 		}
 		name := doc.Metadata.Namespace + "/" + doc.Metadata.Name

@@ -2,6 +2,7 @@ package inventory
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -121,5 +122,8 @@ func TestMalformedIdentitiesAreReportedAndCarryNothing(t *testing.T) {
 	}}).Snapshot(context.Background())
 	if len(s.Malformed) != 2 || s.Attachments != 1 || s.Identities() != 1 {
 		t.Fatalf("malformed %v, attachments %d, identities %d", s.Malformed, s.Attachments, s.Identities())
+	}
+	if err := s.Healthy(); !errors.Is(err, ErrMalformedObject) {
+		t.Fatalf("Healthy() = %v, want ErrMalformedObject", err)
 	}
 }

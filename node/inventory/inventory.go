@@ -3,15 +3,21 @@
 // a BGPAdvertisement of any node carries in its name.
 //
 // The rule a caller must know: only a Healthy snapshot may justify removing
-// anything. A snapshot that is not synced, whose last read failed, or in which
-// no VPCAttachment carries an identity (an empty cluster view is far more
-// likely a broken read than a node with no tenants) says "keep everything".
+// anything. A snapshot that is not synced, whose last read failed, that holds
+// a malformed object (identity fields set but unparseable: the object may be
+// the one that carries a live tap, so the read is as untrustworthy as a failed
+// one), or in which no VPCAttachment carries an identity (an empty cluster
+// view is far more likely a broken read than a node with no tenants) says
+// "keep everything".
 package inventory
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/datum-cloud/galactic-node/node/identity"
@@ -29,7 +35,18 @@ const (
 var (
 	ErrNotSynced           = errors.New("inventory not synced")
 	ErrNoAttachmentCarries = errors.New("no VPCAttachment carries an identity")
+	// ErrMalformedObject: an object's identity fields are set but do not
+	// parse. It carries nothing, yet it may be meant to carry a live tap.
+	ErrMalformedObject = errors.New("malformed inventory object")
 )
+
+// maxNamedMalformed bounds how many malformed objects Healthy's error names,
+// so that it stays one readable line in a report or a log.
+const maxNamedMalformed = 10
+
+// maxReason bounds an Object's Reason: it quotes the field read, which in a
+// file may be of any length.
+const maxReason = 200
 
 // ObjectRef names one object that carries an identity.
 type ObjectRef struct {
@@ -49,11 +66,13 @@ type Snapshot struct {
 	// Err is the last read error not yet followed by a successful read.
 	Err error
 	// Attachments and Advertisements count the objects that carry at least
-	// one identity; Malformed lists objects whose identity fields are set
-	// but do not parse (they carry nothing, and are reported).
+	// one identity; Malformed lists, sorted, the objects whose identity
+	// fields are set but do not parse, and MalformedWhy what did not parse in
+	// each. Those carry nothing and make the snapshot unhealthy.
 	Attachments    int
 	Advertisements int
 	Malformed      []ObjectRef
+	MalformedWhy   map[ObjectRef]string
 
 	carriers map[identity.Identity][]ObjectRef
 }
@@ -66,10 +85,28 @@ func (s *Snapshot) Healthy() error {
 		return fmt.Errorf("inventory read failed: %w", s.Err)
 	case !s.Synced:
 		return ErrNotSynced
+	case len(s.Malformed) > 0:
+		return s.malformedError()
 	case s.Attachments == 0:
 		return ErrNoAttachmentCarries
 	}
 	return nil
+}
+
+// malformedError names the first maxNamedMalformed malformed objects and
+// what did not parse in each.
+func (s *Snapshot) malformedError() error {
+	var b strings.Builder
+	for i, ref := range s.Malformed[:min(len(s.Malformed), maxNamedMalformed)] {
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		fmt.Fprintf(&b, "%s: %s", ref, s.MalformedWhy[ref])
+	}
+	if more := len(s.Malformed) - maxNamedMalformed; more > 0 {
+		fmt.Fprintf(&b, "; and %d more", more)
+	}
+	return fmt.Errorf("%w (%d; identity fields set but not parseable): %s", ErrMalformedObject, len(s.Malformed), b.String())
 }
 
 // Carriers returns the objects that carry id.
@@ -93,6 +130,19 @@ type Object struct {
 	Ref        ObjectRef
 	Identities []identity.Identity
 	Malformed  bool
+	// Reason says what did not parse in a malformed object.
+	Reason string
+}
+
+// malformed marks o as malformed because of err, a parse error.
+func (o *Object) malformed(err error) {
+	o.Malformed = true
+	// ErrMalformed ends every such error and tells the reader nothing more.
+	r := strings.TrimSuffix(err.Error(), ": "+identity.ErrMalformed.Error())
+	if len(r) > maxReason {
+		r = strings.ToValidUTF8(r[:maxReason], "") + "..."
+	}
+	o.Reason = r
 }
 
 // AttachmentObject derives the identity a VPCAttachment carries from its
@@ -105,7 +155,7 @@ func AttachmentObject(namespace, name, vpc, attachment string) Object {
 	}
 	id, err := identity.ParseBase62(vpc, attachment)
 	if err != nil {
-		o.Malformed = true
+		o.malformed(err)
 		return o
 	}
 	o.Identities = []identity.Identity{id}
@@ -118,7 +168,7 @@ func AdvertisementObject(namespace, name string) Object {
 	o := Object{Ref: ObjectRef{Kind: AdvertisementKind, Namespace: namespace, Name: name}}
 	ids, err := identity.ParseAdvertisementName(name)
 	if err != nil {
-		o.Malformed = true
+		o.malformed(err)
 		return o
 	}
 	o.Identities = ids
@@ -130,7 +180,11 @@ func build(objects []Object, synced bool, readErr error) Snapshot {
 	s := Snapshot{TakenAt: time.Now(), Synced: synced, Err: readErr, carriers: make(map[identity.Identity][]ObjectRef, len(objects))}
 	for _, o := range objects {
 		if o.Malformed {
+			if s.MalformedWhy == nil {
+				s.MalformedWhy = make(map[ObjectRef]string)
+			}
 			s.Malformed = append(s.Malformed, o.Ref)
+			s.MalformedWhy[o.Ref] = o.Reason
 			continue
 		}
 		if len(o.Identities) == 0 {
@@ -146,6 +200,11 @@ func build(objects []Object, synced bool, readErr error) Snapshot {
 			s.carriers[id] = append(s.carriers[id], o.Ref)
 		}
 	}
+	// The cluster lists objects in no stable order: sort, so that Healthy
+	// names the same objects first on every pass.
+	slices.SortFunc(s.Malformed, func(a, b ObjectRef) int {
+		return cmp.Or(cmp.Compare(a.Kind, b.Kind), cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
+	})
 	return s
 }
 
