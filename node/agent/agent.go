@@ -12,6 +12,7 @@ import (
 
 	"github.com/datum-cloud/galactic-node/ebpf/datapath"
 	"github.com/datum-cloud/galactic-node/node/attachreg"
+	"github.com/datum-cloud/galactic-node/node/holder"
 	"github.com/datum-cloud/galactic-node/node/identity"
 	"github.com/datum-cloud/galactic-node/node/inventory"
 	"github.com/datum-cloud/galactic-node/node/link"
@@ -29,9 +30,10 @@ type Agent struct {
 	Reclaimer *reclaim.Reclaimer
 	Registry  *attachreg.Registry
 	Datapath  *datapath.Datapath
-	// ProcRoot is where holders are looked up ("/proc"); empty disables the
-	// lookup. Seeing a VMM's descriptors needs the host PID namespace.
-	ProcRoot string
+	// Holders names the processes holding each tap and proves single-queue
+	// taps free; nil shows no holders and every single-queue tap as held.
+	// Seeing a VMM's descriptors needs the host PID namespace.
+	Holders holder.Scanner
 }
 
 // Tap states, from the most to the least protected.
@@ -55,7 +57,8 @@ type TapView struct {
 	Master     string                `json:"master"`
 	MasterKind string                `json:"masterKind"`
 	Held       bool                  `json:"held"`
-	Holders    []Holder              `json:"holders,omitempty"`
+	HeldWhy    string                `json:"heldWhy,omitempty"`
+	Holders    []holder.Holder       `json:"holders,omitempty"`
 	CarriedBy  []inventory.ObjectRef `json:"carriedBy"`
 	State      string                `json:"state"`
 }
@@ -75,16 +78,18 @@ func (a *Agent) Taps(ctx context.Context) ([]TapView, error) {
 	for _, p := range a.Reclaimer.Pending() {
 		pending[p.Tap.Ifindex] = p
 	}
-	holders := map[string][]Holder{}
-	if a.ProcRoot != "" {
-		holders = FindHolders(a.ProcRoot)
+	var scan holder.Scan
+	if a.Holders != nil {
+		scan = a.Holders.Scan(ctx)
 	}
+	judge := holder.NewJudge(scanned{scan})
 	views := []TapView{}
 	for _, t := range link.TenantTaps(links) {
+		held, why := judge.Held(ctx, t)
 		v := TapView{
 			Name: t.Name, Ifindex: t.Index, Identity: t.Identity, VPC: t.Identity.VPC.Base62(), Attachment: t.Identity.Attachment.Base62(),
-			Owner: t.Alias, Master: names[t.Master], MasterKind: t.MasterKind, Held: t.Held(),
-			Holders: holders[t.Name], CarriedBy: snap.Carriers(t.Identity),
+			Owner: t.Alias, Master: names[t.Master], MasterKind: t.MasterKind, Held: held, HeldWhy: why,
+			Holders: scan.Holders(t.Name), CarriedBy: snap.Carriers(t.Identity),
 		}
 		if v.CarriedBy == nil {
 			v.CarriedBy = []inventory.ObjectRef{}
@@ -108,6 +113,11 @@ func (a *Agent) Taps(ctx context.Context) ([]TapView, error) {
 	}
 	return views, nil
 }
+
+// scanned serves one scan already taken, so that a view scans processes once.
+type scanned struct{ scan holder.Scan }
+
+func (s scanned) Scan(context.Context) holder.Scan { return s.scan }
 
 // Pending returns the candidates awaiting confirmation, oldest first.
 func (a *Agent) Pending() []reclaim.Pending {

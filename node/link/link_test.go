@@ -43,6 +43,9 @@ func TestHeldFollowsTheKernelTable(t *testing.T) {
 			check := func(state string, want bool) {
 				t.Helper()
 				tap := readTap(t, c, name)
+				// A single-queue tap reports no queue counts: the kernel
+				// alone never proves one free (package holder scans).
+				want = want || tc.mode.SingleQueue
 				if got := tap.Held(); got != want {
 					t.Errorf("%s: Held() = %v, want %v (tun %+v, carrier %v)", state, got, want, tap.Tun, *tap.Carrier)
 				}
