@@ -25,6 +25,7 @@ import (
 	"github.com/datum-cloud/galactic-node/ebpf/datapath"
 	"github.com/datum-cloud/galactic-node/node/agent"
 	"github.com/datum-cloud/galactic-node/node/attachreg"
+	"github.com/datum-cloud/galactic-node/node/holder"
 	"github.com/datum-cloud/galactic-node/node/inventory"
 	"github.com/datum-cloud/galactic-node/node/link"
 	"github.com/datum-cloud/galactic-node/node/reclaim"
@@ -33,7 +34,7 @@ import (
 
 type daemonFlags struct {
 	nodeName, kubeconfig, inventoryFile   string
-	interval                              time.Duration
+	interval, minCandidateAge             time.Duration
 	dryRun                                bool
 	maxReclaims                           int
 	bpffs, vrfLockDir                     string
@@ -52,6 +53,7 @@ func parseDaemonFlags(args []string, stderr io.Writer) (*daemonFlags, error) {
 	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster configuration)")
 	fs.StringVar(&f.inventoryFile, "inventory-file", "", "read the inventory from this YAML file instead of the cluster")
 	fs.DurationVar(&f.interval, "interval", time.Minute, "time between passes; 0 runs passes only when forced")
+	fs.DurationVar(&f.minCandidateAge, "min-candidate-age", 5*time.Minute, "how long a tap must have been seen stale before a pass may remove it, on top of two passes; 0 only for labs and tests")
 	fs.BoolVar(&f.dryRun, "dry-run", false, "compute and report every pass, remove nothing")
 	fs.IntVar(&f.maxReclaims, "max-reclaims-per-pass", 0, "cap on removals per pass, the rest roll over (0: no cap)")
 	fs.StringVar(&f.bpffs, "bpffs", "/sys/fs/bpf", "bpf filesystem; maps are pinned under <bpffs>/galactic")
@@ -88,6 +90,9 @@ func parseDaemonFlags(args []string, stderr io.Writer) (*daemonFlags, error) {
 	if f.interval < 0 {
 		return nil, errors.New("--interval must not be negative")
 	}
+	if f.minCandidateAge < 0 {
+		return nil, errors.New("--min-candidate-age must not be negative")
+	}
 	if f.maxReclaims < 0 {
 		return nil, errors.New("--max-reclaims-per-pass must not be negative")
 	}
@@ -106,9 +111,9 @@ func parseDaemonFlags(args []string, stderr io.Writer) (*daemonFlags, error) {
 	return f, nil
 }
 
-// hangAfterRowsEnv names a marker file; when set, removals write it and hang
-// after clearing rows. Only the restart test sets it.
-const hangAfterRowsEnv = "GALACTIC_TEST_HANG_AFTER_ROWS"
+// hangAfterLinksEnv names a marker file; when set, removals write it and
+// hang after deleting links, before their rows. Only the restart test sets it.
+const hangAfterLinksEnv = "GALACTIC_TEST_HANG_AFTER_LINKS"
 
 func isLoopback(addr string) bool {
 	host, _, err := net.SplitHostPort(addr)
@@ -147,7 +152,7 @@ func runDaemon(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 	log = log.With("node", f.nodeName)
-	log.Info("galactic-node starting", "version", version, "interval", f.interval, "dry_run", f.dryRun,
+	log.Info("galactic-node starting", "version", version, "interval", f.interval, "min_candidate_age", f.minCandidateAge, "dry_run", f.dryRun,
 		"max_reclaims_per_pass", f.maxReclaims, "bpffs", f.bpffs, "inventory_file", f.inventoryFile)
 
 	conn, err := link.Dial(nil)
@@ -190,18 +195,22 @@ func runDaemon(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	rcfg := reclaim.Config{DryRun: f.dryRun, MaxReclaimsPerPass: f.maxReclaims}
-	if marker := os.Getenv(hangAfterRowsEnv); marker != "" {
+	holders := holder.Proc{Root: "/proc"}
+	if ok, why := holders.Scan(ctx).Complete(); !ok {
+		log.Warn("single-queue taps will never be reclaimed: the holder scan cannot see every process", "why", why)
+	}
+	rcfg := reclaim.Config{DryRun: f.dryRun, MaxReclaimsPerPass: f.maxReclaims, MinCandidateAge: f.minCandidateAge, Holders: holders}
+	if marker := os.Getenv(hangAfterLinksEnv); marker != "" {
 		// The restart test's seam: hang mid-removal so that it can kill
-		// the daemon between a tap's rows and its link.
-		log.Warn("TEST SEAM ACTIVE: removals hang after clearing rows", "env", hangAfterRowsEnv)
-		rcfg.AfterRows = func() {
-			_ = os.WriteFile(marker, []byte("rows cleared\n"), 0o600)
+		// the daemon between a tap's link and its rows.
+		log.Warn("TEST SEAM ACTIVE: removals hang after deleting links", "env", hangAfterLinksEnv)
+		rcfg.AfterLinks = func() {
+			_ = os.WriteFile(marker, []byte("links deleted\n"), 0o600)
 			time.Sleep(time.Hour)
 		}
 	}
 	reclaimer := reclaim.New(conn, inv, registry, locks, metrics, log, rcfg)
-	ag := &agent.Agent{Links: conn, Inventory: inv, Reclaimer: reclaimer, Registry: registry, Datapath: dp, ProcRoot: "/proc"}
+	ag := &agent.Agent{Links: conn, Inventory: inv, Reclaimer: reclaimer, Registry: registry, Datapath: dp, Holders: holders}
 
 	var servers []*http.Server
 	defer func() {

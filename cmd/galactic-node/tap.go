@@ -13,6 +13,7 @@ import (
 	"github.com/datum-cloud/galactic-node/node/identity"
 	"github.com/datum-cloud/galactic-node/node/link"
 	"github.com/datum-cloud/galactic-node/node/tap"
+	"github.com/datum-cloud/galactic-node/node/teardown"
 	"github.com/datum-cloud/galactic-node/node/tun"
 	"github.com/datum-cloud/galactic-node/node/vrf"
 )
@@ -94,32 +95,14 @@ func runTap(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	reg := attachreg.New(dp, nil, nil)
 	taps := tap.NewManager(nil, conn, nil)
 
+	if verb == "del" {
+		return tapDel(ctx, conn, reg, locks, id, *owner, stdout)
+	}
 	unlock, err := locks.Lock(ctx, id.VPC)
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	if verb == "del" {
-		l, err := conn.GetByName(ctx, id.TapName())
-		if errors.Is(err, link.ErrLinkGone) {
-			fmt.Fprintf(stdout, "%s already gone\n", id.TapName())
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		if l.Alias != *owner {
-			return fmt.Errorf("%s is stamped %q, not %q: %w", l.Name, l.Alias, *owner, tap.ErrOwnedByAnother)
-		}
-		if err := reg.UnregisterInterface(ctx, l.Index); err != nil {
-			return err
-		}
-		if err := taps.Delete(ctx, id, *owner); err != nil {
-			return err
-		}
-		fmt.Fprintf(stdout, "%s deleted\n", id.TapName())
-		return nil
-	}
 
 	kind := tap.MasterVRF
 	switch *master {
@@ -151,6 +134,32 @@ func runTap(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return err
 	}
 	fmt.Fprintf(stdout, "%s ifindex %d owner %s adopted=%v\n", res.Tap.Name, res.Tap.Index, *owner, res.Adopted)
+	return nil
+}
+
+// tapDel removes the tap of id as CNI DEL does, through the one teardown:
+// only if owner stamped it, link first, then its rows.
+func tapDel(ctx context.Context, conn *link.Conn, reg *attachreg.Registry, locks *vrf.Locker, id identity.Identity, owner string, stdout io.Writer) error {
+	l, err := conn.GetByName(ctx, id.TapName())
+	if errors.Is(err, link.ErrLinkGone) {
+		fmt.Fprintf(stdout, "%s already gone\n", id.TapName())
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if l.Alias != owner {
+		return fmt.Errorf("%s is stamped %q, not %q: %w", l.Name, l.Alias, owner, tap.ErrOwnedByAnother)
+	}
+	rm := &teardown.Remover{Links: conn, Registry: reg, Locks: locks}
+	out := rm.Remove(ctx, []teardown.Target{{Expect: link.Expect{Index: l.Index, Name: l.Name, Alias: l.Alias}, Identity: id}}, teardown.Options{RemoveHeld: true})
+	for _, f := range out.Failed {
+		return fmt.Errorf("delete tap %s: %s: %s", f.Tap.Name, f.Stage, f.Error)
+	}
+	for _, k := range out.Kept {
+		return fmt.Errorf("delete tap %s: kept: %s", k.Tap.Name, k.Why)
+	}
+	fmt.Fprintf(stdout, "%s deleted\n", id.TapName())
 	return nil
 }
 

@@ -16,9 +16,10 @@ import (
 
 	"github.com/datum-cloud/galactic-node/ebpf/datapath"
 	"github.com/datum-cloud/galactic-node/node/attachreg"
+	"github.com/datum-cloud/galactic-node/node/holder"
 	"github.com/datum-cloud/galactic-node/node/link"
-	"github.com/datum-cloud/galactic-node/node/reclaim"
 	"github.com/datum-cloud/galactic-node/node/tap"
+	"github.com/datum-cloud/galactic-node/node/teardown"
 	"github.com/datum-cloud/galactic-node/node/vrf"
 )
 
@@ -65,6 +66,12 @@ func (p *Plugin) open(conf NetConf) (*env, error) {
 		return nil, err
 	}
 	return &env{conn: conn, dp: dp, reg: attachreg.New(dp, nil, p.Log), locks: locks, taps: tap.NewManager(nil, conn, p.Log)}, nil
+}
+
+// remover is the one teardown over this namespace's parts; it scans the
+// host's processes to prove single-queue taps free.
+func (e *env) remover(log *slog.Logger) *teardown.Remover {
+	return &teardown.Remover{Links: e.conn, Registry: e.reg, Locks: e.locks, Holders: holder.Proc{Root: "/proc"}, LockTimeout: lockTimeout, Log: log}
 }
 
 func (e *env) close() {
@@ -142,22 +149,55 @@ func (p *Plugin) add(inv *invocation, e *env) error {
 	return types.PrintResult(result, inv.conf.CNIVersion)
 }
 
-// Del unregisters the tap's rows and deletes it, only if this container
-// stamped it. A tap that is gone, or another container's, is success.
+// Del deletes the tap and then clears its rows, through the one teardown
+// path, only if this container stamped it. A tap that is gone, or another
+// container's, is success. A tap still held is removed all the same: the
+// runtime has ended the attachment, and no other path would ever take it.
 func (p *Plugin) Del(args *skel.CmdArgs) error {
 	return p.run(args, false, func(inv *invocation, e *env) error {
 		ctx := context.Background()
-		targets, err := p.ownTaps(ctx, e, inv)
+		own, err := p.ownTaps(ctx, e, inv)
 		if err != nil {
 			return err
 		}
-		for _, t := range targets {
-			if err := p.del(ctx, e, inv, t); err != nil {
-				return err
+		var targets []teardown.Target
+		for _, t := range own {
+			if t.Alias != inv.containerID {
+				p.Log.Info("DEL leaves a tap another container stamped", "container", inv.containerID, "tap", t.Name, "stamp", t.Alias)
+				continue
 			}
+			targets = append(targets, teardown.Target{Expect: link.Expect{Index: t.Index, Name: t.Name, Alias: t.Alias}, Identity: t.Identity})
 		}
-		return nil
+		if len(targets) == 0 {
+			return nil
+		}
+		out := e.remover(p.Log).Remove(ctx, targets, teardown.Options{RemoveHeld: true})
+		for _, k := range out.Kept {
+			p.Log.Info("DEL found the tap changed", "container", inv.containerID, "tap", k.Tap.Name, "why", k.Why)
+		}
+		for _, t := range out.Removed {
+			p.Log.Info("DEL", "container", inv.containerID, "tap", t.Name, "ifindex", t.Ifindex)
+		}
+		return failures("DEL", out)
 	})
+}
+
+// failures is the CNI error for the targets a teardown could not finish,
+// or nil.
+func failures(cmd string, out teardown.Outcome) error {
+	if len(out.Failed) == 0 {
+		return nil
+	}
+	var msgs []string
+	for _, f := range out.Failed {
+		msgs = append(msgs, fmt.Sprintf("%s (%s): %s", f.Tap.Name, f.Stage, f.Error))
+	}
+	sort.Strings(msgs)
+	code := types.ErrInternal
+	if cmd == "GC" {
+		code = ErrGCIncomplete
+	}
+	return types.NewError(code, fmt.Sprintf("%s could not finish %d taps", cmd, len(out.Failed)), strings.Join(msgs, "; "))
 }
 
 // ownTaps finds the taps DEL acts on: the one named from the identity, or,
@@ -189,29 +229,6 @@ func (p *Plugin) ownTaps(ctx context.Context, e *env, inv *invocation) ([]link.T
 		}
 	}
 	return own, nil
-}
-
-func (p *Plugin) del(ctx context.Context, e *env, inv *invocation, t link.Tap) error {
-	if t.Alias != inv.containerID {
-		p.Log.Info("DEL leaves a tap another container stamped", "container", inv.containerID, "tap", t.Name, "stamp", t.Alias)
-		return nil
-	}
-	lctx, cancel := context.WithTimeout(ctx, lockTimeout)
-	defer cancel()
-	unlock, err := e.locks.Lock(lctx, t.Identity.VPC)
-	if err != nil {
-		return err
-	}
-	defer unlock()
-	if err := e.reg.UnregisterInterface(ctx, t.Index); err != nil {
-		return err
-	}
-	err = e.conn.DeleteVerified(ctx, link.Expect{Index: t.Index, Name: t.Name, Alias: inv.containerID})
-	if err != nil && !errors.Is(err, link.ErrLinkGone) {
-		return err
-	}
-	p.Log.Info("DEL", "container", inv.containerID, "tap", t.Name, "ifindex", t.Index)
-	return nil
 }
 
 // Check verifies that the tap exists, is stamped by this container, is
@@ -260,8 +277,8 @@ func (p *Plugin) check(inv *invocation, e *env) error {
 }
 
 // GC removes tenant taps stamped by a container that cni.dev/valid-attachments
-// does not list, when nothing holds them, under their VRF locks, through the
-// reclaim's Remover (the same rechecks and rows). It keeps going on errors
+// does not list, when nothing holds them, through the one teardown path
+// (the same locks, rechecks and order as the reclaim). It keeps going on errors
 // and reports them all. Unstamped taps are never touched. A container listed
 // with any interface keeps all its taps: the stamp records the container,
 // not the interface name.
@@ -279,30 +296,19 @@ func (p *Plugin) gc(inv *invocation, e *env) error {
 	if err != nil {
 		return err
 	}
-	var targets []reclaim.Target
+	var targets []teardown.Target
 	for _, t := range link.TenantTaps(links) {
-		if !t.Stamped() || valid[t.Alias] || t.Held() {
+		if !t.Stamped() || valid[t.Alias] {
 			continue
 		}
-		targets = append(targets, reclaim.Target{Expect: link.Expect{Index: t.Index, Name: t.Name, Alias: t.Alias}, Identity: t.Identity})
+		targets = append(targets, teardown.Target{Expect: link.Expect{Index: t.Index, Name: t.Name, Alias: t.Alias}, Identity: t.Identity})
 	}
 	if len(targets) == 0 {
 		return nil
 	}
-	rm := &reclaim.Remover{Links: e.conn, Registry: e.reg, Locks: e.locks, LockTimeout: lockTimeout, Log: p.Log}
-	out := rm.Remove(ctx, targets, links, func(context.Context) (func(reclaim.Target) string, error) {
-		return func(reclaim.Target) string { return "" }, nil
-	}, false)
-	p.Log.Info("GC", "candidates", len(targets), "removed", len(out.Reclaimed), "kept", len(out.Kept), "failed", len(out.Failed))
-	if len(out.Failed) > 0 {
-		var msgs []string
-		for _, f := range out.Failed {
-			msgs = append(msgs, fmt.Sprintf("%s (%s): %s", f.Tap.Name, f.Stage, f.Error))
-		}
-		sort.Strings(msgs)
-		return types.NewError(ErrGCIncomplete, fmt.Sprintf("GC removed %d of %d stale taps", len(out.Reclaimed), len(targets)), strings.Join(msgs, "; "))
-	}
-	return nil
+	out := e.remover(p.Log).Remove(ctx, targets, teardown.Options{Dump: links})
+	p.Log.Info("GC", "candidates", len(targets), "removed", len(out.Removed), "kept", len(out.Kept), "failed", len(out.Failed))
+	return failures("GC", out)
 }
 
 // Status reports ready when the eBPF maps load and the lock folder is

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"os/exec"
 	"testing"
+	"time"
 
 	"github.com/datum-cloud/galactic-node/internal/chaostest"
 	"github.com/datum-cloud/galactic-node/internal/clustertest"
@@ -19,22 +21,56 @@ import (
 
 // tapModel is what the chaos believes of one tap.
 type tapModel struct {
-	tap       link.Tap
-	holder    *nettest.Holder
-	staleRuns int // consecutive healthy, fault-free passes that saw it stale
+	tap         link.Tap
+	singleQueue bool
+	holder      *nettest.Holder
+	rows        string    // its rows and attachment when made: a survivor keeps them
+	staleRuns   int       // consecutive healthy, fault-free passes that saw it stale
+	firstStale  time.Time // when the first of those passes ended
+}
+
+// midBatchLinks is the real link layer, through the scene's fault seam,
+// with a VMM that may open a tap the moment it joins a removal's link group:
+// the race between the recheck and the group delete, timed on purpose.
+type midBatchLinks struct {
+	*faultLinks
+	onGrouped func(index uint32)
+}
+
+func (m *midBatchLinks) Set(ctx context.Context, index uint32, ch link.Change) error {
+	err := m.faultLinks.Set(ctx, index, ch)
+	if err == nil && ch.Group != nil && *ch.Group != 0 {
+		m.onGrouped(index)
+	}
+	return err
 }
 
 // nodeChaos runs ops random operations against real taps in a netns and a
 // real API server (its own: it stops and starts it), with a reclaim pass
-// every few operations. After every pass it checks: no tap that was held or
-// whose identity an object carried during the pass was removed, and every
-// tap stale for two healthy, fault-free passes is gone. It returns the first
-// violation. breakIt, if set, breaks the reclaimer first.
+// every few operations, at random gaps around the minimum candidate age.
+// Taps are multiqueue or single-queue, their carriers forced on and off, and
+// a VMM may open a tap the moment it joins a removal's link group. After
+// every pass it checks: no tap that was held or whose identity an object
+// carried during the pass was removed; every tap that survived has the rows
+// and attachment it was made with; and every tap stale for two healthy,
+// fault-free passes at least the minimum age apart is gone. It returns the
+// first violation. breakIt, if set, breaks the reclaimer first.
 func nodeChaos(t *testing.T, seed uint64, ops int, breakIt func(*reclaim.Reclaimer)) error {
 	rng := rand.New(rand.NewPCG(seed, seed^0x5bd1e995))
 	cluster := clustertest.Start(t)
 	t.Cleanup(func() { _ = cluster.Env.Stop() })
 	s := newScene(t, cluster, nil)
+	// Candidates must be 20 ms old: passes come at random gaps around it.
+	const minAge = 20 * time.Millisecond
+	taps := map[identity.Identity]*tapModel{}
+	mid := &midBatchLinks{faultLinks: s.links, onGrouped: func(index uint32) {
+		for _, m := range taps {
+			if m.tap.Index == index && m.holder == nil && rng.IntN(8) == 0 {
+				m.holder = nettest.Hold(t, s.ns, m.tap.Name, nettest.HoldOptions{Mode: tun.Mode{SingleQueue: m.singleQueue}})
+			}
+		}
+	}}
+	s.r = reclaimWith(s, mid, reclaim.Config{MinCandidateAge: minAge})
 	if breakIt != nil {
 		breakIt(s.r)
 	}
@@ -45,7 +81,6 @@ func nodeChaos(t *testing.T, seed uint64, ops int, breakIt func(*reclaim.Reclaim
 			ids = append(ids, identity.Identity{VPC: identity.VPC(70 + v), Attachment: identity.Attachment(a + 1)})
 		}
 	}
-	taps := map[identity.Identity]*tapModel{}
 	attached := map[identity.Identity]bool{}   // a VPCAttachment carries it
 	advertised := map[identity.Identity]bool{} // a BGPAdvertisement carries it
 	apiUp := true
@@ -71,7 +106,12 @@ func nodeChaos(t *testing.T, seed uint64, ops int, breakIt func(*reclaim.Reclaim
 	pass := func(step int) error {
 		faulty := s.reg.fail.Load() || s.links.failDelete.Load()
 		syncInventory()
+		if rng.IntN(3) == 0 {
+			time.Sleep(time.Duration(rng.IntN(int(2 * minAge)))) // a forced pass, at a random gap
+		}
+		started := time.Now()
 		rep := s.r.Pass(ctx, reclaim.PassOptions{})
+		ended := time.Now()
 		healthy := rep.Result == reclaim.ResultCompleted
 		if !apiUp && len(rep.Reclaimed) > 0 {
 			return fmt.Errorf("step %d: a pass removed %v while the API server was stopped", step, rep.Reclaimed)
@@ -89,17 +129,22 @@ func nodeChaos(t *testing.T, seed uint64, ops int, breakIt func(*reclaim.Reclaim
 				delete(taps, id)
 				continue
 			}
+			if rows := s.rowsJSON(m.tap.Index); rows != m.rows {
+				return fmt.Errorf("step %d: %s survived the pass without its rows and attachment:\nhad %s\nhas %s", step, m.tap.Name, m.rows, rows)
+			}
 			stale := !isHeld && !carried(id) && m.tap.Stamped()
 			switch {
 			case !stale || !healthy:
 				m.staleRuns = 0
 			case faulty:
 				// Removal may fail on purpose; do not count the pass.
+			case m.staleRuns == 0:
+				m.staleRuns, m.firstStale = 1, ended
 			default:
 				m.staleRuns++
-			}
-			if m.staleRuns >= 2 {
-				return fmt.Errorf("step %d: %s stale for two healthy passes but kept (report %+v)", step, m.tap.Name, rep)
+				if started.Sub(m.firstStale) >= minAge {
+					return fmt.Errorf("step %d: %s stale for two healthy passes %v apart but kept (report %+v)", step, m.tap.Name, started.Sub(m.firstStale), rep)
+				}
 			}
 		}
 		return nil
@@ -128,17 +173,19 @@ func nodeChaos(t *testing.T, seed uint64, ops int, breakIt func(*reclaim.Reclaim
 			if rng.IntN(10) > 0 {
 				owner = fmt.Sprintf("sandbox-%d", step)
 			}
+			single := rng.IntN(4) == 0
 			if owner == "" {
-				nettest.NewTap(t, s.ns, id.TapName(), tun.Mode{})
+				nettest.NewTap(t, s.ns, id.TapName(), tun.Mode{SingleQueue: single})
 				l, err := s.conn.GetByName(ctx, id.TapName())
 				if err != nil {
 					return err
 				}
 				tp, _ := l.AsTap()
-				taps[id] = &tapModel{tap: tp}
+				taps[id] = &tapModel{tap: tp, singleQueue: single}
 			} else {
-				taps[id] = &tapModel{tap: s.addTap(id, owner)}
+				taps[id] = &tapModel{tap: s.addTapMode(id, owner, single), singleQueue: single}
 			}
+			taps[id].rows = s.rowsJSON(taps[id].tap.Index)
 		case r < 26 && m != nil && m.holder == nil:
 			// CNI DEL, or the tap vanishing some other way.
 			if err := s.reg.Registry.UnregisterInterface(ctx, m.tap.Index); err != nil { // not through the fault seam
@@ -149,15 +196,23 @@ func nodeChaos(t *testing.T, seed uint64, ops int, breakIt func(*reclaim.Reclaim
 			}
 			delete(taps, id)
 		case r < 38 && m != nil && m.holder == nil:
-			m.holder = nettest.Hold(t, s.ns, m.tap.Name, nettest.HoldOptions{Detached: rng.IntN(2)})
+			if m.singleQueue {
+				m.holder = nettest.Hold(t, s.ns, m.tap.Name, nettest.HoldOptions{Mode: tun.Mode{SingleQueue: true}})
+			} else {
+				m.holder = nettest.Hold(t, s.ns, m.tap.Name, nettest.HoldOptions{Detached: rng.IntN(2)})
+			}
 		case r < 48 && m != nil && m.holder != nil:
 			m.holder.Release()
 			m.holder = nil
-		case r < 54 && m != nil:
+		case r < 51 && m != nil:
 			up := rng.IntN(2) == 0
 			if err := s.conn.Set(ctx, m.tap.Index, link.Change{Up: &up}); err != nil {
 				return err
 			}
+		case r < 54 && m != nil:
+			// Any CAP_NET_ADMIN process can force a tap's carrier, held or
+			// not; tun refuses some changes (EPERM), which is fine here.
+			_ = exec.Command("ip", "-n", s.ns.Name, "link", "set", m.tap.Name, "carrier", []string{"on", "off"}[rng.IntN(2)]).Run()
 		case r < 66 && apiUp:
 			name := fmt.Sprintf("att-%d-%d", id.VPC, id.Attachment)
 			if attached[id] {

@@ -3,6 +3,7 @@ package reclaim_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -24,6 +25,7 @@ import (
 	"github.com/datum-cloud/galactic-node/internal/clustertest"
 	"github.com/datum-cloud/galactic-node/internal/nettest"
 	"github.com/datum-cloud/galactic-node/node/attachreg"
+	"github.com/datum-cloud/galactic-node/node/holder"
 	"github.com/datum-cloud/galactic-node/node/identity"
 	"github.com/datum-cloud/galactic-node/node/inventory"
 	"github.com/datum-cloud/galactic-node/node/link"
@@ -60,7 +62,7 @@ func (f *faultRegistry) UnregisterInterface(ctx context.Context, ifindex uint32)
 }
 
 // faultLinks wraps the real link.Conn. It is a fault seam: the kernel cannot
-// be made to refuse a group delete on demand, so a test sets failDelete.
+// be made to refuse a delete on demand, so a test sets failDelete.
 type faultLinks struct {
 	*link.Conn
 	failDelete atomic.Bool
@@ -73,6 +75,13 @@ func (f *faultLinks) DeleteGroup(ctx context.Context, group uint32) error {
 	return f.Conn.DeleteGroup(ctx, group)
 }
 
+func (f *faultLinks) DeleteVerified(ctx context.Context, want link.Expect) error {
+	if f.failDelete.Load() {
+		return errors.New("injected link fault")
+	}
+	return f.Conn.DeleteVerified(ctx, want)
+}
+
 type scene struct {
 	t       *testing.T
 	ns      *nettest.NS
@@ -82,6 +91,8 @@ type scene struct {
 	reg     *faultRegistry
 	links   *faultLinks
 	lockDir string
+	locks   *vrf.Locker
+	metrics *reclaim.Metrics
 	cluster *clustertest.Cluster
 	inv     inventory.Source
 	prom    *prometheus.Registry
@@ -104,8 +115,7 @@ func newScene(t *testing.T, cluster *clustertest.Cluster, inv inventory.Source) 
 	s.dp = dp
 	s.reg = &faultRegistry{Registry: attachreg.New(dp, s.ns.File, nil)}
 	s.links = &faultLinks{Conn: s.conn}
-	locks, err := vrf.NewLocker(s.lockDir)
-	if err != nil {
+	if s.locks, err = vrf.NewLocker(s.lockDir); err != nil {
 		t.Fatal(err)
 	}
 	if cluster != nil {
@@ -123,15 +133,32 @@ func newScene(t *testing.T, cluster *clustertest.Cluster, inv inventory.Source) 
 	}
 	s.inv = inv
 	s.prom = prometheus.NewPedanticRegistry()
-	metrics, err := reclaim.NewMetrics(s.prom)
-	if err != nil {
+	if s.metrics, err = reclaim.NewMetrics(s.prom); err != nil {
 		t.Fatal(err)
 	}
-	s.r = reclaim.New(s.links, s.inv, s.reg, locks, metrics, nil, reclaim.Config{LockTimeout: 300 * time.Millisecond})
+	s.r = reclaimOver(s, s.links)
 	if waitLive {
 		s.waitInventory("the live attachment, synced", func(snap *inventory.Snapshot) bool { return snap.Healthy() == nil && snap.Carried(live) })
 	}
 	return s
+}
+
+// reclaimOver returns a reclaimer of the scene over links, scanning the
+// host's processes for holders of single-queue taps.
+func reclaimOver(s *scene, links reclaim.Links) *reclaim.Reclaimer {
+	return reclaimWith(s, links, reclaim.Config{})
+}
+
+// reclaimWith is reclaimOver with cfg, whose lock timeout and holder
+// scanner default to the scene's.
+func reclaimWith(s *scene, links reclaim.Links, cfg reclaim.Config) *reclaim.Reclaimer {
+	if cfg.LockTimeout == 0 {
+		cfg.LockTimeout = 300 * time.Millisecond
+	}
+	if cfg.Holders == nil {
+		cfg.Holders = holder.Proc{Root: "/proc"}
+	}
+	return reclaim.New(links, s.inv, s.reg, s.locks, s.metrics, nil, cfg)
 }
 
 // startInventory runs a cluster inventory over cfg until the test ends.
@@ -190,11 +217,17 @@ func (s *scene) waitInventory(what string, cond func(*inventory.Snapshot) bool) 
 // addTap creates and registers a tap as CNI ADD does, stamped by owner.
 func (s *scene) addTap(id identity.Identity, owner string) link.Tap {
 	s.t.Helper()
+	return s.addTapMode(id, owner, false)
+}
+
+// addTapMode is addTap, single-queue when asked (CNI's "singleQueue": true).
+func (s *scene) addTapMode(id identity.Identity, owner string, singleQueue bool) link.Tap {
+	s.t.Helper()
 	res, err := s.taps.Create(context.Background(), tap.Config{
-		Identity: id, Owner: owner, Master: tap.MasterBridge, Table: table, // bridge: no VRF in this kernel
+		Identity: id, Owner: owner, SingleQueue: singleQueue, Master: tap.MasterBridge, Table: table, // bridge: no VRF in this kernel
 		Routes: []netip.Prefix{
 			netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 62, byte(id.Attachment >> 8), byte(id.Attachment)}), 32),
-			netip.MustParsePrefix("fd00:62::" + strings.TrimLeft(id.Attachment.Base62(), "0") + "/128"),
+			netip.MustParsePrefix(fmt.Sprintf("fd00:62::%x/128", uint16(id.Attachment))),
 		},
 	})
 	if err != nil {
@@ -534,33 +567,53 @@ func TestAStoppedAPIServerRemovesNothing(t *testing.T) {
 	assertOnlyMarksAfter(t, s, stale)
 }
 
-func TestARemovalFailureIsCountedAndRetried(t *testing.T) {
-	for _, stage := range []string{reclaim.StageRows, reclaim.StageLink} {
-		t.Run(stage, func(t *testing.T) {
-			s := newScene(t, clustertest.Shared(t), nil)
-			stale := s.addTap(staleID(1), "sandbox-1")
-			s.pass()
-			s.reg.fail.Store(stage == reclaim.StageRows)
-			s.links.failDelete.Store(stage == reclaim.StageLink)
-			rep := s.pass()
-			if !s.exists(stale) || len(rep.Failed) != 1 || rep.Failed[0].Stage != stage {
-				t.Fatalf("pass with a %s fault: %+v", stage, rep)
-			}
-			if v := metricValue(t, s.prom, "galactic_cni_stale_tap_reclaim_failures_total", map[string]string{"stage": stage}); v != 1 {
-				t.Fatalf("failures{stage=%s} = %v, want 1", stage, v)
-			}
-			if l, _ := s.conn.Get(context.Background(), stale.Index); l.Group != 0 {
-				t.Fatalf("a kept tap was left in link group %#x", l.Group)
-			}
-			s.reg.fail.Store(false)
-			s.links.failDelete.Store(false)
-			if rep := s.pass(); s.exists(stale) || len(rep.Reclaimed) != 1 {
-				t.Fatalf("the pass after the fault cleared: %+v", rep)
-			}
-			if n := s.rowsOf(stale.Index); n != 0 {
-				t.Fatalf("%d rows left", n)
-			}
-		})
+// A failed link delete keeps the tap exactly as it was, rows and program
+// included, and the next pass removes it.
+func TestALinkFailureKeepsTheTapWithItsRowsAndIsRetried(t *testing.T) {
+	s := newScene(t, clustertest.Shared(t), nil)
+	stale := s.addTap(staleID(1), "sandbox-1")
+	before := s.rowsOf(stale.Index)
+	s.pass()
+	s.links.failDelete.Store(true)
+	rep := s.pass()
+	if !s.exists(stale) || len(rep.Failed) != 1 || rep.Failed[0].Stage != reclaim.StageLink {
+		t.Fatalf("pass with a link fault: %+v", rep)
+	}
+	if n := s.rowsOf(stale.Index); n != before {
+		t.Fatalf("the kept tap has %d rows and attachments, had %d", n, before)
+	}
+	if v := metricValue(t, s.prom, "galactic_cni_stale_tap_reclaim_failures_total", map[string]string{"stage": reclaim.StageLink}); v != 1 {
+		t.Fatalf("failures{stage=link} = %v, want 1", v)
+	}
+	if l, _ := s.conn.Get(context.Background(), stale.Index); l.Group != 0 {
+		t.Fatalf("a kept tap was left in link group %#x", l.Group)
+	}
+	s.links.failDelete.Store(false)
+	if rep := s.pass(); s.exists(stale) || len(rep.Reclaimed) != 1 {
+		t.Fatalf("the pass after the fault cleared: %+v", rep)
+	}
+	if n := s.rowsOf(stale.Index); n != 0 {
+		t.Fatalf("%d rows left", n)
+	}
+}
+
+// The link goes before its rows: when the rows then cannot be cleared, the
+// tap is gone, the failure is counted at stage rows, and what is left is
+// keyed by an ifindex no link has.
+func TestARowsFailureAfterTheLinkIsCounted(t *testing.T) {
+	s := newScene(t, clustertest.Shared(t), nil)
+	stale := s.addTap(staleID(1), "sandbox-1")
+	s.pass()
+	s.reg.fail.Store(true)
+	rep := s.pass()
+	if s.exists(stale) || len(rep.Reclaimed) != 1 || len(rep.Failed) != 1 || rep.Failed[0].Stage != reclaim.StageRows {
+		t.Fatalf("pass with a rows fault: %+v", rep)
+	}
+	if v := metricValue(t, s.prom, "galactic_cni_stale_tap_reclaim_failures_total", map[string]string{"stage": reclaim.StageRows}); v != 1 {
+		t.Fatalf("failures{stage=rows} = %v, want 1", v)
+	}
+	if n := s.rowsOf(stale.Index); n == 0 {
+		t.Fatal("the injected fault left no rows: the scene tests nothing")
 	}
 }
 

@@ -101,6 +101,17 @@ func (f *fakeLinks) Set(_ context.Context, index uint32, ch link.Change) error {
 	return nil
 }
 
+func (f *fakeLinks) DeleteVerified(ctx context.Context, want link.Expect) error {
+	if _, err := f.Verify(ctx, want); err != nil {
+		return err
+	}
+	f.remove(want.Index)
+	f.mu.Lock()
+	f.deleted = append(f.deleted, want.Index)
+	f.mu.Unlock()
+	return nil
+}
+
 func (f *fakeLinks) DeleteGroup(_ context.Context, group uint32) error {
 	if group == 0 {
 		return link.ErrDefaultGroup
@@ -121,9 +132,13 @@ type fakeRegistry struct {
 	mu           sync.Mutex
 	unregistered []uint32
 	fail         error
+	onUnregister func(ifindex uint32)
 }
 
 func (r *fakeRegistry) UnregisterInterface(_ context.Context, ifindex uint32) error {
+	if r.onUnregister != nil {
+		r.onUnregister(ifindex)
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.fail != nil {

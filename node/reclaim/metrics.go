@@ -2,14 +2,17 @@ package reclaim
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/datum-cloud/galactic-node/node/inventory"
+	"github.com/datum-cloud/galactic-node/node/teardown"
 )
 
 // Failure stages, the values of the stage label.
 const (
-	StageLock   = "lock"   // the VRF lock could not be taken in time
-	StageVerify = "verify" // the link could not be read again
-	StageRows   = "rows"   // attachreg.UnregisterInterface failed
-	StageLink   = "link"   // the link could not be grouped or deleted
+	StageLock   = teardown.StageLock
+	StageVerify = teardown.StageVerify
+	StageRows   = teardown.StageRows
+	StageLink   = teardown.StageLink
 )
 
 // Pass results, the values of the result label.
@@ -27,6 +30,7 @@ type Metrics struct {
 	passes       *prometheus.CounterVec
 	passDuration prometheus.Histogram
 	lastPass     prometheus.Gauge
+	malformed    *prometheus.GaugeVec
 }
 
 // NewMetrics creates the metrics and registers them on reg.
@@ -57,6 +61,10 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "galactic_cni_stale_tap_last_completed_pass_timestamp_seconds",
 			Help: "Unix time at which the last completed reclaim pass finished.",
 		}),
+		malformed: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "galactic_cni_inventory_malformed_objects",
+			Help: "1 for each object, named by its labels, whose identity fields are set but cannot be read; while any is listed, passes remove nothing.",
+		}, []string{"kind", "namespace", "name"}),
 	}
 	for _, s := range []string{StageLock, StageVerify, StageRows, StageLink} {
 		m.failures.WithLabelValues(s)
@@ -64,10 +72,19 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	for _, r := range []string{ResultCompleted, ResultSkipped, ResultFailed} {
 		m.passes.WithLabelValues(r)
 	}
-	for _, c := range []prometheus.Collector{m.pending, m.reclaimed, m.failures, m.passes, m.passDuration, m.lastPass} {
+	for _, c := range []prometheus.Collector{m.pending, m.reclaimed, m.failures, m.passes, m.passDuration, m.lastPass, m.malformed} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
 	}
 	return m, nil
+}
+
+// setMalformed lists exactly the objects of the last snapshot that could not
+// be read.
+func (m *Metrics) setMalformed(refs []inventory.ObjectRef) {
+	m.malformed.Reset()
+	for _, o := range refs {
+		m.malformed.WithLabelValues(o.Kind, o.Namespace, o.Name).Set(1)
+	}
 }

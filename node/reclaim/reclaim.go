@@ -22,28 +22,20 @@ import (
 	"sync"
 	"time"
 
-	"github.com/datum-cloud/galactic-node/node/identity"
+	"github.com/datum-cloud/galactic-node/node/holder"
 	"github.com/datum-cloud/galactic-node/node/inventory"
 	"github.com/datum-cloud/galactic-node/node/link"
+	"github.com/datum-cloud/galactic-node/node/teardown"
 )
 
 // Links is what a pass needs of the link layer; *link.Conn implements it.
-type Links interface {
-	Links(ctx context.Context) ([]link.Link, error)
-	Verify(ctx context.Context, want link.Expect) (link.Link, error)
-	Set(ctx context.Context, index uint32, ch link.Change) error
-	DeleteGroup(ctx context.Context, group uint32) error
-}
+type Links = teardown.Links
 
 // Registry clears an interface's eBPF rows; *attachreg.Registry implements it.
-type Registry interface {
-	UnregisterInterface(ctx context.Context, ifindex uint32) error
-}
+type Registry = teardown.Registry
 
 // Locker takes a VPC's VRF lock; *vrf.Locker implements it.
-type Locker interface {
-	Lock(ctx context.Context, vpc identity.VPC) (unlock func(), err error)
-}
+type Locker = teardown.Locker
 
 // Config tunes a Reclaimer.
 type Config struct {
@@ -58,10 +50,18 @@ type Config struct {
 	LockTimeout time.Duration
 	// History is how many pass reports are kept. Default 32.
 	History int
-	// AfterRows, when set, is called after a tap's rows are cleared and
-	// before its link is removed: a seam for tests that kill the daemon
+	// MinCandidateAge is how long a candidate must have been seen stale
+	// before a pass may confirm it, on top of the two passes: two passes
+	// forced a moment apart must not take a tap whose VMM has not opened
+	// it yet. 0 means no minimum.
+	MinCandidateAge time.Duration
+	// Holders proves single-queue taps free (holder.Proc); nil keeps every
+	// single-queue tap as held.
+	Holders holder.Scanner
+	// AfterLinks, when set, is called after a batch's links are deleted and
+	// before their rows are cleared: a seam for tests that kill the daemon
 	// mid-removal. Never set in production.
-	AfterRows func()
+	AfterLinks func()
 }
 
 // Reclaimer runs passes, one at a time.
@@ -79,19 +79,17 @@ type Reclaimer struct {
 	mu         sync.Mutex // guards what views read between passes
 	candidates map[uint32]candidate
 	history    []Report
-
-	// ignoreHeld and ignoreCarried switch every holder or inventory check
-	// off: deliberately broken variants for the chaos suite to catch, set
-	// only by tests.
-	ignoreHeld, ignoreCarried bool
 }
 
-// candidate is a tap a pass found stale, to be confirmed by the next.
+// candidate is a tap a pass found stale, to be confirmed by a later one.
 type candidate struct {
-	Target
+	teardown.Target
 	firstSeen time.Time
 	passes    int
 }
+
+// eligibleAt is when a pass may confirm c.
+func (r *Reclaimer) eligibleAt(c candidate) time.Time { return c.firstSeen.Add(r.cfg.MinCandidateAge) }
 
 // New returns a Reclaimer. metrics may be nil (no metrics), log may be nil.
 func New(links Links, inv inventory.Source, reg Registry, locks Locker, metrics *Metrics, log *slog.Logger, cfg Config) *Reclaimer {
@@ -169,6 +167,9 @@ func (r *Reclaimer) pass(ctx context.Context, opts PassOptions) Report {
 	for _, m := range snap.Malformed {
 		rep.Inputs.Malformed = append(rep.Inputs.Malformed, m.String())
 	}
+	if r.metrics != nil {
+		r.metrics.setMalformed(snap.Malformed)
+	}
 	if err := snap.Healthy(); err != nil {
 		rep.Result, rep.Reason = ResultSkipped, "inventory not trustworthy, nothing removed and every candidate forgotten: "+err.Error()
 		r.log.Warn("reclaim pass removed nothing", "reason", rep.Reason)
@@ -182,18 +183,29 @@ func (r *Reclaimer) pass(ctx context.Context, opts PassOptions) Report {
 	r.mu.Unlock()
 	next := make(map[uint32]candidate)
 	var confirmed []candidate
+	judge := holder.NewJudge(r.cfg.Holders)
 	for _, t := range stamped {
-		if (t.Held() && !r.ignoreHeld) || (snap.Carried(t.Identity) && !r.ignoreCarried) {
+		if snap.Carried(t.Identity) {
 			continue
 		}
-		c := candidate{Target: Target{Expect: link.Expect{Index: t.Index, Name: t.Name, Alias: t.Alias}, Identity: t.Identity}, firstSeen: now, passes: 1}
+		if held, why := judge.Held(ctx, t); held {
+			if t.Tun != nil && !t.Tun.MultiQueue {
+				// Kept for want of proof, which an operator can act on
+				// (holder-lookup); held multiqueue taps are simply in use.
+				rep.HeldSingleQueue = append(rep.HeldSingleQueue, Kept{Tap: tapRef(t), Why: why})
+			}
+			continue
+		}
+		c := candidate{Target: teardown.Target{Expect: link.Expect{Index: t.Index, Name: t.Name, Alias: t.Alias}, Identity: t.Identity}, firstSeen: now, passes: 1}
 		if p, ok := prev[t.Index]; ok && p.Expect == c.Expect {
 			c.firstSeen, c.passes = p.firstSeen, p.passes+1
-			confirmed = append(confirmed, c)
+			if !now.Before(r.eligibleAt(c)) {
+				confirmed = append(confirmed, c)
+			}
 		}
 		next[t.Index] = c
 		rep.Candidates = append(rep.Candidates, CandidateReport{
-			Tap: tapRefOf(c.Target), FirstSeen: c.firstSeen, Passes: c.passes,
+			Tap: c.Ref(), FirstSeen: c.firstSeen, EligibleAt: r.eligibleAt(c), Passes: c.passes,
 			Why: "nothing holds it and no VPCAttachment or BGPAdvertisement carries " + t.Identity.String(),
 		})
 	}
@@ -208,7 +220,7 @@ func (r *Reclaimer) pass(ctx context.Context, opts PassOptions) Report {
 		confirmed = confirmed[:max]
 	}
 	for _, c := range confirmed {
-		rep.Confirmed = append(rep.Confirmed, tapRefOf(c.Target))
+		rep.Confirmed = append(rep.Confirmed, c.Ref())
 		r.log.Info("stale tap confirmed", "tap", c.Expect.Name, "ifindex", c.Expect.Index, "owner", c.Expect.Alias, "passes", c.passes)
 	}
 	if len(confirmed) > 0 {
@@ -255,35 +267,40 @@ func (r *Reclaimer) record(rep Report) {
 	}
 }
 
-// remove hands the confirmed taps to the Remover, rechecking them against a
-// fresh inventory snapshot, and records the outcome.
+// remove hands the confirmed taps to the teardown, rechecking them against
+// a fresh inventory snapshot, and records the outcome.
 func (r *Reclaimer) remove(ctx context.Context, confirmed []candidate, dump []link.Link, dryRun bool, rep *Report) {
-	targets := make([]Target, len(confirmed))
+	targets := make([]teardown.Target, len(confirmed))
 	for i, c := range confirmed {
 		targets[i] = c.Target
 	}
-	rm := &Remover{Links: r.links, Registry: r.reg, Locks: r.locks, LockTimeout: r.cfg.LockTimeout, Log: r.log, AfterRows: r.cfg.AfterRows, ignoreHeld: r.ignoreHeld}
-	out := rm.Remove(ctx, targets, dump, func(ctx context.Context) (func(Target) string, error) {
+	rm := &teardown.Remover{Links: r.links, Registry: r.reg, Locks: r.locks, Holders: r.cfg.Holders,
+		LockTimeout: r.cfg.LockTimeout, Log: r.log, AfterLinks: r.cfg.AfterLinks}
+	out := rm.Remove(ctx, targets, teardown.Options{DryRun: dryRun, Dump: dump, Recheck: func(ctx context.Context) (func(teardown.Target) string, error) {
 		// Taken after the links were read again, so an attachment that
 		// appeared while they were being read is seen.
 		fresh := r.inv.Snapshot(ctx)
 		if err := fresh.Healthy(); err != nil {
 			return nil, fmt.Errorf("fresh inventory not trustworthy: %w", err)
 		}
-		return func(t Target) string {
-			if fresh.Carried(t.Identity) && !r.ignoreCarried {
+		return func(t teardown.Target) string {
+			if fresh.Carried(t.Identity) {
 				return fmt.Sprintf("identity %s carried by %v at recheck", t.Identity, fresh.Carriers(t.Identity))
 			}
 			return ""
 		}, nil
-	}, dryRun)
-	rep.Reclaimed, rep.WouldReclaim, rep.Kept, rep.Failed = out.Reclaimed, out.WouldReclaim, out.Kept, out.Failed
+	}})
+	rep.Reclaimed, rep.WouldReclaim, rep.Kept, rep.Failed = out.Removed, out.WouldRemove, out.Kept, out.Failed
 	firstSeen := make(map[uint32]time.Time, len(confirmed))
 	for _, c := range confirmed {
 		firstSeen[c.Expect.Index] = c.firstSeen
 	}
-	for _, t := range out.Reclaimed {
+	for _, t := range out.Removed {
 		r.log.Info("stale tap reclaimed", "tap", t.Name, "ifindex", t.Ifindex, "owner", t.Owner,
 			"identity", t.Identity.String(), "first_seen", firstSeen[t.Ifindex])
 	}
+}
+
+func tapRef(t link.Tap) TapRef {
+	return TapRef{Name: t.Name, Ifindex: t.Index, Owner: t.Alias, Identity: t.Identity}
 }

@@ -2,9 +2,11 @@ package reclaim
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/datum-cloud/galactic-node/node/holder"
 	"github.com/datum-cloud/galactic-node/node/identity"
 	"github.com/datum-cloud/galactic-node/node/inventory"
 	"github.com/datum-cloud/galactic-node/node/link"
@@ -174,18 +176,101 @@ func TestUntrustworthyInventoryRemovesNothingAndForgets(t *testing.T) {
 	}
 }
 
-func TestARowsFailureKeepsTheTapAndCountsItsStage(t *testing.T) {
+// The link goes before its rows: a rows failure is counted, and the tap is
+// gone all the same.
+func TestARowsFailureIsCountedAfterTheLinkWent(t *testing.T) {
 	h := newHarness(liveInventory(), Config{})
 	idx := h.links.addTap(stale, "sandbox-2", 0, 0)
 	h.pass(t)
 	h.reg.fail = errInjected
 	rep := h.pass(t)
-	if !h.links.has(idx) || len(rep.Failed) != 1 || rep.Failed[0].Stage != StageRows {
+	if h.links.has(idx) || len(rep.Reclaimed) != 1 || len(rep.Failed) != 1 || rep.Failed[0].Stage != StageRows {
 		t.Fatalf("rows failure: %+v", rep)
 	}
-	h.reg.fail = nil
+}
+
+// Guards the order: no row is cleared while its link exists, so a tap kept
+// by any check, or whose delete fails, keeps its rows.
+func TestRowsAreClearedOnlyOnceTheLinkIsGone(t *testing.T) {
+	h := newHarness(liveInventory(), Config{})
+	a := h.links.addTap(stale, "sandbox-2", 0, 0)
+	b := h.links.addTap(identity.Identity{VPC: 62, Attachment: 3}, "sandbox-3", 0, 0)
+	h.pass(t)
+	h.reg.onUnregister = func(ifindex uint32) {
+		if h.links.has(ifindex) {
+			t.Errorf("rows of ifindex %d cleared while its link exists", ifindex)
+		}
+	}
+	failing := &failingGroupDelete{fakeLinks: h.links}
+	h.r.links = failing
+	if rep := h.pass(t); len(rep.Failed) != 2 || len(h.reg.unregistered) != 0 || !h.links.has(a) || !h.links.has(b) {
+		t.Fatalf("a failed group delete: %+v, unregistered %v", rep, h.reg.unregistered)
+	}
+	h.r.links = h.links
+	if rep := h.pass(t); len(rep.Reclaimed) != 2 || len(h.reg.unregistered) != 2 {
+		t.Fatalf("after the fault: %+v, unregistered %v", rep, h.reg.unregistered)
+	}
+}
+
+// failingGroupDelete refuses every group delete.
+type failingGroupDelete struct{ *fakeLinks }
+
+func (f *failingGroupDelete) DeleteGroup(context.Context, uint32) error { return errInjected }
+
+// Guards the age rule: two passes a moment apart confirm nothing until the
+// candidate was first seen MinCandidateAge ago.
+func TestACandidateIsConfirmedOnlyOnceOldEnough(t *testing.T) {
+	h := newHarness(liveInventory(), Config{MinCandidateAge: 150 * time.Millisecond})
+	idx := h.links.addTap(stale, "sandbox-2", 0, 0)
+	first := h.pass(t)
+	rep := h.pass(t)
+	if !h.links.has(idx) || len(rep.Confirmed) != 0 || rep.Candidates[0].Passes != 2 {
+		t.Fatalf("a second pass at once: %+v", rep)
+	}
+	p := h.r.Pending()
+	if len(p) != 1 || !p[0].EligibleAt.Equal(first.Candidates[0].FirstSeen.Add(150*time.Millisecond)) {
+		t.Fatalf("pending: %+v, want eligible 150ms after first seen", p)
+	}
+	time.Sleep(time.Until(p[0].EligibleAt))
 	if rep := h.pass(t); h.links.has(idx) || len(rep.Reclaimed) != 1 {
-		t.Fatalf("after the fault: %+v", rep)
+		t.Fatalf("a pass once eligible: %+v", rep)
+	}
+}
+
+// fakeScanner stands in for a scan of /proc, for unit tests of the holder
+// rule; the privileged tests scan the real one.
+type fakeScanner struct{ scan holder.Scan }
+
+func (f fakeScanner) Scan(context.Context) holder.Scan { return f.scan }
+
+// Guards the single-queue rule: carrier off proves nothing without a
+// complete holder scan, and the pass report says why such a tap is kept.
+func TestASingleQueueTapNeedsACompleteScan(t *testing.T) {
+	h := newHarness(liveInventory(), Config{})
+	idx := h.links.addTap(stale, "sandbox-2", 0, 0)
+	h.links.update(idx, func(l *link.Link) {
+		l.Tun.MultiQueue, l.Tun.NumQueues, l.Tun.NumDisabledQueues = false, nil, nil
+	})
+	for range 3 {
+		rep := h.pass(t)
+		if len(rep.Candidates) != 0 || len(rep.HeldSingleQueue) != 1 || !strings.Contains(rep.HeldSingleQueue[0].Why, "no holder scan") {
+			t.Fatalf("a single-queue tap without a scan: %+v", rep)
+		}
+	}
+	h.r.cfg.Holders = fakeScanner{holder.NewScan(map[string][]holder.Holder{stale.TapName(): {{PID: 42}}}, "")}
+	for range 3 {
+		if rep := h.pass(t); len(rep.Candidates) != 0 || !strings.Contains(rep.HeldSingleQueue[0].Why, "pid 42") {
+			t.Fatalf("a single-queue tap the scan sees held: %+v", rep)
+		}
+	}
+	h.r.cfg.Holders = fakeScanner{holder.NewScan(nil, "not in the initial PID namespace")}
+	if rep := h.pass(t); len(rep.Candidates) != 0 {
+		t.Fatalf("a single-queue tap with an incomplete scan: %+v", rep)
+	}
+	h.r.cfg.Holders = fakeScanner{holder.NewScan(nil, "")}
+	h.pass(t)
+	if rep := h.pass(t); h.links.has(idx) || len(rep.Reclaimed) != 1 {
+		t.Fatalf("a single-queue tap a complete scan proves free: %+v", rep)
 	}
 }
 
@@ -205,14 +290,15 @@ func TestATapWhoseVRFLockIsHeldIsKept(t *testing.T) {
 // reserved group, stops the delete.
 func TestAForeignLinkInTheGroupStopsTheDelete(t *testing.T) {
 	h := newHarness(liveInventory(), Config{})
-	idx := h.links.addTap(stale, "sandbox-2", 0, 0)
+	a := h.links.addTap(stale, "sandbox-2", 0, 0)
+	b := h.links.addTap(identity.Identity{VPC: 62, Attachment: 3}, "sandbox-3", 0, 0)
 	bystander := h.links.addTap(live, "sandbox-1", 1, 0)
 	h.pass(t)
 	orig := h.links
 	wrapped := &groupJoiner{fakeLinks: orig, joiner: bystander}
 	h.r.links = wrapped
 	rep := h.pass(t)
-	if !orig.has(idx) || !orig.has(bystander) || len(rep.Reclaimed) != 0 || len(rep.Failed) != 1 {
+	if !orig.has(a) || !orig.has(b) || !orig.has(bystander) || len(rep.Reclaimed) != 0 || len(rep.Failed) != 2 || len(h.reg.unregistered) != 0 {
 		t.Fatalf("foreign group member: %+v", rep)
 	}
 }

@@ -3,7 +3,7 @@ package reclaim
 import (
 	"time"
 
-	"github.com/datum-cloud/galactic-node/node/identity"
+	"github.com/datum-cloud/galactic-node/node/teardown"
 )
 
 // Report is what one pass read, decided and did.
@@ -15,6 +15,11 @@ type Report struct {
 	// Reason says why the pass removed nothing, when it was skipped or failed.
 	Reason string `json:"reason,omitempty"`
 	Inputs Inputs `json:"inputs"`
+
+	// HeldSingleQueue lists the stamped single-queue taps no object carries
+	// that were kept as held, and why: only a complete holder scan proves
+	// one free.
+	HeldSingleQueue []Kept `json:"heldSingleQueue,omitempty"`
 
 	Candidates   []CandidateReport `json:"candidates"`
 	Confirmed    []TapRef          `json:"confirmed"`
@@ -37,40 +42,35 @@ type Inputs struct {
 }
 
 // TapRef names a tap as a pass saw it.
-type TapRef struct {
-	Name     string            `json:"name"`
-	Ifindex  uint32            `json:"ifindex"`
-	Owner    string            `json:"owner"`
-	Identity identity.Identity `json:"identity"`
-}
+type TapRef = teardown.TapRef
 
 // CandidateReport is one candidate and why it is one.
 type CandidateReport struct {
 	Tap       TapRef    `json:"tap"`
 	FirstSeen time.Time `json:"firstSeen"`
-	Passes    int       `json:"passes"`
-	Why       string    `json:"why"`
+	// EligibleAt is when a pass may confirm it: first seen plus the
+	// minimum candidate age.
+	EligibleAt time.Time `json:"eligibleAt"`
+	Passes     int       `json:"passes"`
+	Why        string    `json:"why"`
 }
 
 // Kept is a confirmed tap the recheck kept, and why.
-type Kept struct {
-	Tap TapRef `json:"tap"`
-	Why string `json:"why"`
-}
+type Kept = teardown.Kept
 
 // Failure is a confirmed tap whose removal failed at a stage; it is kept and
-// retried by a later pass.
-type Failure struct {
-	Tap   TapRef `json:"tap"`
-	Stage string `json:"stage"`
-	Error string `json:"error"`
-}
+// retried by a later pass (at StageRows the tap is gone and its rows are
+// left for the orphan collection).
+type Failure = teardown.Failure
 
 // Pending is a candidate awaiting confirmation, for views.
 type Pending struct {
 	Tap       TapRef    `json:"tap"`
 	FirstSeen time.Time `json:"firstSeen"`
-	Passes    int       `json:"passes"`
+	// EligibleAt is the time from which a pass may confirm it: first seen
+	// plus the minimum candidate age.
+	EligibleAt time.Time `json:"eligibleAt"`
+	Passes     int       `json:"passes"`
 }
 
 // Pending returns the candidates the next pass will confirm against.
@@ -79,7 +79,7 @@ func (r *Reclaimer) Pending() []Pending {
 	defer r.mu.Unlock()
 	out := make([]Pending, 0, len(r.candidates))
 	for _, c := range r.candidates {
-		out = append(out, Pending{Tap: tapRefOf(c.Target), FirstSeen: c.firstSeen, Passes: c.passes})
+		out = append(out, Pending{Tap: c.Ref(), FirstSeen: c.firstSeen, EligibleAt: r.eligibleAt(c), Passes: c.passes})
 	}
 	return out
 }

@@ -1,0 +1,421 @@
+// Package teardown removes tenant taps: the one path that CNI DEL, CNI GC,
+// the lab's `galactic-node tap del` and the stale tap reclaim share.
+//
+// The rules a caller must know: every target is removed under its VPC's VRF
+// lock, only after its link was read again with the same ifindex, name and
+// owner stamp, found not held (unless the caller is the owner's own DEL),
+// and passed the caller's recheck. The link goes before its eBPF rows: a tap
+// is never left existing without its rows and program, so a tap kept at any
+// check, or whose delete failed, keeps exactly what it had. A crash between
+// the link and its rows leaves rows keyed by an ifindex that no longer
+// exists, which the orphan collection removes.
+//
+// The package depends only on the link layer and on interfaces, so that the
+// CNI plugin links no client library it does not use.
+package teardown
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"math/rand/v2"
+	"slices"
+	"time"
+
+	"github.com/datum-cloud/galactic-node/node/holder"
+	"github.com/datum-cloud/galactic-node/node/identity"
+	"github.com/datum-cloud/galactic-node/node/link"
+)
+
+// Links is what a teardown needs of the link layer; *link.Conn implements it.
+type Links interface {
+	Links(ctx context.Context) ([]link.Link, error)
+	Verify(ctx context.Context, want link.Expect) (link.Link, error)
+	Set(ctx context.Context, index uint32, ch link.Change) error
+	DeleteVerified(ctx context.Context, want link.Expect) error
+	DeleteGroup(ctx context.Context, group uint32) error
+}
+
+// Registry clears an interface's eBPF rows; *attachreg.Registry implements it.
+type Registry interface {
+	UnregisterInterface(ctx context.Context, ifindex uint32) error
+}
+
+// Locker takes a VPC's VRF lock; *vrf.Locker implements it.
+type Locker interface {
+	Lock(ctx context.Context, vpc identity.VPC) (unlock func(), err error)
+}
+
+// Failure stages.
+const (
+	StageLock   = "lock"   // the VRF lock could not be taken in time
+	StageVerify = "verify" // the link could not be read again
+	StageRows   = "rows"   // the link is gone but its rows could not all be cleared
+	StageLink   = "link"   // the link could not be grouped or deleted
+)
+
+// Target is a tap chosen for removal, as it was read when chosen.
+type Target struct {
+	Expect   link.Expect
+	Identity identity.Identity
+}
+
+// TapRef names a tap as it was read.
+type TapRef struct {
+	Name     string            `json:"name"`
+	Ifindex  uint32            `json:"ifindex"`
+	Owner    string            `json:"owner"`
+	Identity identity.Identity `json:"identity"`
+}
+
+// Ref returns the TapRef of t.
+func (t Target) Ref() TapRef {
+	return TapRef{Name: t.Expect.Name, Ifindex: t.Expect.Index, Owner: t.Expect.Alias, Identity: t.Identity}
+}
+
+// Kept is a target a check kept, and why.
+type Kept struct {
+	Tap TapRef `json:"tap"`
+	Why string `json:"why"`
+}
+
+// Failure is a target whose removal failed at a stage. A failure at any
+// stage but StageRows left the tap as it was.
+type Failure struct {
+	Tap   TapRef `json:"tap"`
+	Stage string `json:"stage"`
+	Error string `json:"error"`
+}
+
+// Outcome is what Remove did with each target. A target whose link went but
+// whose rows did not is in Removed and in Failed (StageRows).
+type Outcome struct {
+	Removed     []TapRef
+	WouldRemove []TapRef
+	Kept        []Kept
+	Failed      []Failure
+}
+
+// Recheck is called under the VRF locks, after the links were read again,
+// and returns a function telling why a target must now be kept (empty: it
+// may go). An error keeps every target.
+type Recheck func(ctx context.Context) (keepWhy func(Target) string, err error)
+
+// Options modify one Remove.
+type Options struct {
+	// Recheck, if set, is the caller's last word on each target.
+	Recheck Recheck
+	// DryRun reports what would be removed and changes nothing.
+	DryRun bool
+	// RemoveHeld removes a tap even while a process holds it. Only the
+	// owner's own CNI DEL sets it: the runtime has ended the attachment,
+	// and refusing would leave a tap no other path may take.
+	RemoveHeld bool
+	// Dump is a recent link dump, used to choose a free link group; nil
+	// chooses at random (a collision is caught before any delete).
+	Dump []link.Link
+}
+
+// Remover removes tenant taps.
+type Remover struct {
+	Links    Links
+	Registry Registry
+	Locks    Locker
+	// Holders proves single-queue taps free; nil keeps every single-queue
+	// tap as held.
+	Holders holder.Scanner
+	// LockTimeout bounds the wait for the VRF locks. Default 10 s.
+	LockTimeout time.Duration
+	Log         *slog.Logger
+	// AfterLinks, when set, runs after the batch's links are deleted and
+	// before their rows are cleared: a seam for tests that kill a process
+	// mid-removal.
+	AfterLinks func()
+}
+
+// Remove removes every target that passes every check, and reports each.
+func (rm *Remover) Remove(ctx context.Context, targets []Target, opts Options) Outcome {
+	var out Outcome
+	log := rm.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	o := &run{rm: rm, log: log, opts: opts, out: &out}
+	unlock := o.lock(ctx, targets)
+	defer unlock()
+	if len(o.locked) == 0 {
+		return out
+	}
+	judge := holder.NewJudge(rm.Holders)
+	var verified []Target
+	for _, t := range o.locked {
+		if why, err := o.recheckLink(ctx, judge, t); err != nil {
+			o.fail(t, StageVerify, err)
+		} else if why != "" {
+			o.keep(t, why)
+		} else {
+			verified = append(verified, t)
+		}
+	}
+	if len(verified) == 0 {
+		return out
+	}
+	keepWhy := func(Target) string { return "" }
+	if opts.Recheck != nil {
+		var err error
+		if keepWhy, err = opts.Recheck(ctx); err != nil {
+			for _, t := range verified {
+				o.keep(t, err.Error())
+			}
+			return out
+		}
+	}
+	var batch []Target
+	for _, t := range verified {
+		if why := keepWhy(t); why != "" {
+			o.keep(t, why)
+		} else if opts.DryRun {
+			out.WouldRemove = append(out.WouldRemove, t.Ref())
+		} else {
+			batch = append(batch, t)
+		}
+	}
+	var deleted []Target
+	switch len(batch) {
+	case 0:
+		return out
+	case 1:
+		deleted = o.deleteOne(ctx, batch[0])
+	default:
+		deleted = o.deleteGroup(ctx, batch)
+	}
+	if len(deleted) > 0 && rm.AfterLinks != nil {
+		rm.AfterLinks()
+	}
+	o.clearRows(ctx, deleted)
+	return out
+}
+
+// run is the state of one Remove.
+type run struct {
+	rm     *Remover
+	log    *slog.Logger
+	opts   Options
+	out    *Outcome
+	locked []Target
+}
+
+// lock takes the VRF locks of the targets' VPCs in VPC order, so that two
+// removers never wait on each other; targets whose lock is not had in time
+// fail at StageLock. It returns the function that releases them all.
+func (o *run) lock(ctx context.Context, targets []Target) func() {
+	byVPC := map[identity.VPC][]Target{}
+	for _, t := range targets {
+		byVPC[t.Identity.VPC] = append(byVPC[t.Identity.VPC], t)
+	}
+	timeout := o.rm.LockTimeout
+	if timeout <= 0 {
+		timeout = 10 * time.Second
+	}
+	lockCtx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var unlocks []func()
+	for _, vpc := range slices.Sorted(maps.Keys(byVPC)) {
+		unlock, err := o.rm.Locks.Lock(lockCtx, vpc)
+		if err != nil {
+			for _, t := range byVPC[vpc] {
+				o.fail(t, StageLock, err)
+			}
+			continue
+		}
+		unlocks = append(unlocks, unlock)
+		o.locked = append(o.locked, byVPC[vpc]...)
+	}
+	return func() {
+		for i := len(unlocks) - 1; i >= 0; i-- {
+			unlocks[i]()
+		}
+	}
+}
+
+// recheckLink reads the link again: it returns why the tap must be kept, or
+// an error when the read itself failed.
+func (o *run) recheckLink(ctx context.Context, judge *holder.Judge, t Target) (string, error) {
+	l, err := o.rm.Links.Verify(ctx, t.Expect)
+	switch {
+	case errors.Is(err, link.ErrLinkGone):
+		return "gone before removal", nil
+	case errors.Is(err, link.ErrLinkChanged):
+		return err.Error(), nil
+	case err != nil:
+		return "", err
+	}
+	return o.keepHeld(ctx, judge, l, "at recheck"), nil
+}
+
+// keepHeld says why l must be kept at the given point: not a tenant tap any
+// more, or held (unless the owner's DEL removes held taps).
+func (o *run) keepHeld(ctx context.Context, judge *holder.Judge, l link.Link, when string) string {
+	tap, ok := l.AsTap()
+	if !ok {
+		return "no longer reads as a tenant tap " + when
+	}
+	held, why := judge.Held(ctx, tap)
+	if !held {
+		return ""
+	}
+	if o.opts.RemoveHeld {
+		o.log.Warn("removing a held tap at its owner's request", "tap", l.Name, "ifindex", l.Index, "owner", l.Alias, "held", why)
+		return ""
+	}
+	return "held " + when + ": " + why
+}
+
+// deleteOne removes a lone target with one verified delete after a last
+// read; there is no group to check.
+func (o *run) deleteOne(ctx context.Context, t Target) []Target {
+	l, err := o.rm.Links.Verify(ctx, t.Expect)
+	var why string
+	switch {
+	case errors.Is(err, link.ErrLinkGone):
+		why = "gone before delete"
+	case errors.Is(err, link.ErrLinkChanged):
+		why = "changed before delete: " + err.Error()
+	case err != nil:
+		o.fail(t, StageLink, err)
+		return nil
+	default:
+		why = o.keepHeld(ctx, holder.NewJudge(o.rm.Holders), l, "before delete")
+	}
+	if why != "" {
+		o.keep(t, why)
+		return nil
+	}
+	if err := o.rm.Links.DeleteVerified(ctx, t.Expect); err != nil && !errors.Is(err, link.ErrLinkGone) {
+		if errors.Is(err, link.ErrLinkChanged) {
+			o.keep(t, "changed before delete: "+err.Error())
+		} else {
+			o.fail(t, StageLink, err)
+		}
+		return nil
+	}
+	return []Target{t}
+}
+
+// deleteGroup moves the targets into a link group reserved for this batch,
+// checks that the group holds exactly them, none held or changed, and
+// deletes the group in one request: the kernel then unregisters them in one
+// batch instead of one RCU grace period each. A link this batch did not
+// verify in the group stops the delete.
+func (o *run) deleteGroup(ctx context.Context, batch []Target) []Target {
+	group := reserveGroup(o.opts.Dump)
+	var grouped []Target
+	for _, t := range batch {
+		if err := o.rm.Links.Set(ctx, t.Expect.Index, link.Change{Group: &group}); err != nil {
+			o.fail(t, StageLink, fmt.Errorf("move to link group %#x: %w", group, err))
+			continue
+		}
+		grouped = append(grouped, t)
+	}
+	if len(grouped) == 0 {
+		return nil
+	}
+	ungroup := func(ts ...Target) {
+		zero := uint32(0)
+		for _, t := range ts {
+			_ = o.rm.Links.Set(context.WithoutCancel(ctx), t.Expect.Index, link.Change{Group: &zero})
+		}
+	}
+	links, err := o.rm.Links.Links(ctx)
+	if err != nil {
+		ungroup(grouped...)
+		for _, t := range grouped {
+			o.fail(t, StageLink, fmt.Errorf("read link group %#x before delete: %w", group, err))
+		}
+		return nil
+	}
+	ours := make(map[uint32]Target, len(grouped))
+	for _, t := range grouped {
+		ours[t.Expect.Index] = t
+	}
+	judge := holder.NewJudge(o.rm.Holders)
+	for _, l := range links {
+		if l.Group != group {
+			continue
+		}
+		t, ok := ours[l.Index]
+		if !ok {
+			// It is left alone; ours are moved back.
+			ungroup(grouped...)
+			for _, t := range grouped {
+				o.fail(t, StageLink, fmt.Errorf("link group %#x also holds %s (ifindex %d), not verified by this batch", group, l.Name, l.Index))
+			}
+			return nil
+		}
+		why := ""
+		if l.Name != t.Expect.Name || l.Alias != t.Expect.Alias {
+			why = fmt.Sprintf("changed while grouped for delete: now %s stamped %q", l.Name, l.Alias)
+		} else {
+			why = o.keepHeld(ctx, judge, l, "while grouped for delete")
+		}
+		if why != "" {
+			ungroup(t)
+			delete(ours, l.Index)
+			o.keep(t, why)
+		}
+	}
+	if len(ours) == 0 {
+		return nil
+	}
+	if err := o.rm.Links.DeleteGroup(ctx, group); err != nil {
+		ungroup(grouped...)
+		for _, t := range ours {
+			o.fail(t, StageLink, err)
+		}
+		return nil
+	}
+	return slices.SortedFunc(maps.Values(ours), func(a, b Target) int { return cmp.Compare(a.Expect.Index, b.Expect.Index) })
+}
+
+// clearRows clears the rows of links already deleted. Ifindexes are not
+// reused until the kernel's counter wraps, so no new link owns these rows.
+func (o *run) clearRows(ctx context.Context, deleted []Target) {
+	for _, t := range deleted {
+		o.out.Removed = append(o.out.Removed, t.Ref())
+		if err := o.rm.Registry.UnregisterInterface(context.WithoutCancel(ctx), t.Expect.Index); err != nil {
+			o.fail(t, StageRows, fmt.Errorf("tap deleted, rows left for the orphan collection: %w", err))
+		}
+		o.log.Info("tap removed", "tap", t.Expect.Name, "ifindex", t.Expect.Index, "owner", t.Expect.Alias, "identity", t.Identity.String())
+	}
+}
+
+func (o *run) keep(t Target, why string) {
+	o.out.Kept = append(o.out.Kept, Kept{Tap: t.Ref(), Why: why})
+	o.log.Info("tap kept", "tap", t.Expect.Name, "ifindex", t.Expect.Index, "owner", t.Expect.Alias, "why", why)
+}
+
+func (o *run) fail(t Target, stage string, err error) {
+	o.out.Failed = append(o.out.Failed, Failure{Tap: t.Ref(), Stage: stage, Error: err.Error()})
+	o.log.Warn("tap removal failed", "tap", t.Expect.Name, "ifindex", t.Expect.Index, "stage", stage, "error", err)
+}
+
+// groupBase marks link groups this package reserves ('G' in the top byte);
+// the low bits are random so that two batches, or two nodes' tools, never
+// share one.
+const groupBase = 0x47 << 24
+
+func reserveGroup(dump []link.Link) uint32 {
+	used := make(map[uint32]bool, len(dump))
+	for _, l := range dump {
+		used[l.Group] = true
+	}
+	for {
+		g := uint32(groupBase | rand.IntN(1<<24-1) + 1)
+		if !used[g] {
+			return g
+		}
+	}
+}
