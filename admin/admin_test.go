@@ -18,6 +18,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-chi/chi/v5"
+
 	"github.com/datum-cloud/galactic-node/admin"
 	"github.com/datum-cloud/galactic-node/ebpf/datapath"
 	"github.com/datum-cloud/galactic-node/internal/clustertest"
@@ -38,30 +40,54 @@ const (
 // and input handling above it. The integration test serves the real node.
 type fakeBackend struct {
 	forces atomic.Int32
-	calls  atomic.Int32
+	calls  atomic.Int32 // Taps and Pending
+	// realPasses counts ForcePass calls with dryRun false, dryPasses those
+	// with it true.
+	realPasses, dryPasses atomic.Int32
+	// touched counts calls of every Backend method, Ready included.
+	touched atomic.Int32
+	// pending, when set, is what Pending returns.
+	pending atomic.Pointer[[]reclaim.Pending]
 }
 
-func (f *fakeBackend) Ready(context.Context) error { return nil }
+func (f *fakeBackend) Ready(context.Context) error { f.touched.Add(1); return nil }
 func (f *fakeBackend) Taps(context.Context) ([]agent.TapView, error) {
+	f.touched.Add(1)
 	f.calls.Add(1)
 	return []agent.TapView{{Name: "G000000010013H", Ifindex: 7, Identity: identity.Identity{VPC: 62, Attachment: 65}, VPC: "10", Attachment: "13", Owner: "sandbox-1", State: agent.StateCandidate}}, nil
 }
-func (f *fakeBackend) Pending() []reclaim.Pending { f.calls.Add(1); return []reclaim.Pending{} }
-func (f *fakeBackend) ForcePass(context.Context, bool) reclaim.Report {
-	f.forces.Add(1)
-	return reclaim.Report{Result: reclaim.ResultCompleted}
+func (f *fakeBackend) Pending() []reclaim.Pending {
+	f.touched.Add(1)
+	f.calls.Add(1)
+	if p := f.pending.Load(); p != nil {
+		return *p
+	}
+	return []reclaim.Pending{}
 }
-func (f *fakeBackend) Reports() []reclaim.Report { return nil }
+func (f *fakeBackend) ForcePass(_ context.Context, dryRun bool) reclaim.Report {
+	f.touched.Add(1)
+	f.forces.Add(1)
+	if dryRun {
+		f.dryPasses.Add(1)
+	} else {
+		f.realPasses.Add(1)
+	}
+	return reclaim.Report{Result: reclaim.ResultCompleted, DryRun: dryRun}
+}
+func (f *fakeBackend) Reports() []reclaim.Report { f.touched.Add(1); return nil }
 func (f *fakeBackend) Maps() ([]agent.MapView, error) {
+	f.touched.Add(1)
 	return []agent.MapView{{Layout: datapath.Layout{Name: "traffic_policy"}}}, nil
 }
 func (f *fakeBackend) MapRows(name string, _ uint32, _ int) ([]datapath.Row[any, any], error) {
+	f.touched.Add(1)
 	if name != "traffic_policy" {
 		return nil, fmt.Errorf("map %q: %w", name, datapath.ErrUnknownMap)
 	}
 	return []datapath.Row[any, any]{}, nil
 }
 func (f *fakeBackend) InterfaceRows(ifindex uint32) (attachreg.InterfaceRows, error) {
+	f.touched.Add(1)
 	return attachreg.InterfaceRows{Ifindex: ifindex, Rows: map[string]any{}}, nil
 }
 
@@ -347,5 +373,182 @@ func TestAMalformedTokenFileNamesTheLineNotTheToken(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "line 2") || strings.Contains(err.Error(), adminToken) || strings.Contains(err.Error(), readToken) {
 			t.Errorf("%q: %v", content, err)
 		}
+	}
+}
+
+// A misspelt dryRun must not be read as "no dryRun": it is refused, and no
+// pass, dry or real, runs.
+func TestAMisspeltDryRunRunsNoPass(t *testing.T) {
+	s := start(t, admin.Config{})
+	for _, query := range []string{"dryrun=true", "dry_run=true", "DryRun=true", "dryRun=true&dryrun=true", "dryRun=true&dryRun=false"} {
+		resp, body := s.do(t, "POST", "/v1/passes?"+query, adminToken, nil)
+		msg, _ := body["error"].(string)
+		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(msg, "dryRun") {
+			t.Errorf("POST /v1/passes?%s: %d %v, want 400 with an error naming dryRun", query, resp.StatusCode, body)
+		}
+	}
+	if n, real := s.backend.forces.Load(), s.backend.realPasses.Load(); n != 0 {
+		t.Fatalf("misspelt dryRun parameters ran %d passes, %d of them real", n, real)
+	}
+}
+
+// routes is every route NewHandler serves, as a path to request it by and
+// the query parameters it accepts; TestEveryRouteRefusesAnUnknownParameter
+// fails when a route is missing from it.
+var routes = []struct {
+	method, pattern, path string
+	accepts               []string
+}{
+	{"GET", "/healthz", "/healthz", nil},
+	{"GET", "/readyz", "/readyz", nil},
+	{"GET", "/v1/taps", "/v1/taps", nil},
+	{"GET", "/v1/taps/pending", "/v1/taps/pending", nil},
+	{"GET", "/v1/passes", "/v1/passes", nil},
+	{"GET", "/v1/passes/last", "/v1/passes/last", nil},
+	{"GET", "/v1/ebpf/maps", "/v1/ebpf/maps", nil},
+	{"GET", "/v1/ebpf/maps/{name}", "/v1/ebpf/maps/traffic_policy", []string{"ifindex", "limit"}},
+	{"GET", "/v1/ebpf/interfaces/{ifindex}", "/v1/ebpf/interfaces/7", nil},
+	{"POST", "/v1/passes", "/v1/passes", []string{"dryRun"}},
+}
+
+// TestEveryRouteRefusesAnUnknownParameter sends each route, with the admin
+// token, a parameter it does not accept (and one it accepts but in another
+// case, and a repeated one): each answers 400 naming the parameter and the
+// accepted ones, and the node is not called.
+func TestEveryRouteRefusesAnUnknownParameter(t *testing.T) {
+	s := start(t, admin.Config{ForcesPerMinute: 1000})
+	served := map[string]bool{}
+	if err := chi.Walk(admin.NewHandler(&fakeBackend{}, admin.Config{}).(chi.Routes), func(method, route string, _ http.Handler, _ ...func(http.Handler) http.Handler) error {
+		served[method+" "+route] = true
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for _, rt := range routes {
+		delete(served, rt.method+" "+rt.pattern)
+	}
+	if len(served) > 0 {
+		t.Fatalf("routes missing from the table: %v", served)
+	}
+	for _, rt := range routes {
+		queries := []string{"bogus=1", "bogus", "=1", "verbose=true"}
+		for _, a := range rt.accepts {
+			for _, v := range []string{strings.ToLower(a), strings.ToUpper(a), "_" + a} {
+				if v != a {
+					queries = append(queries, v+"=1")
+				}
+			}
+			queries = append(queries, a+"=1&"+a+"=1", a+"=1&bogus=1")
+		}
+		for _, query := range queries {
+			for _, accept := range []string{"application/json", "text/plain"} {
+				before := s.backend.touched.Load()
+				resp, body := s.do(t, rt.method, rt.path+"?"+query, adminToken, nil, "Accept", accept)
+				msg, _ := body["error"].(string)
+				if accept == "text/plain" {
+					msg, _ = body["raw"].(string)
+					if !strings.HasPrefix(msg, "error: ") {
+						t.Errorf("%s %s?%s as text: %q, want an error line", rt.method, rt.path, query, msg)
+					}
+				}
+				name, _, _ := strings.Cut(strings.Split(query, "&")[len(strings.Split(query, "&"))-1], "=")
+				if resp.StatusCode != http.StatusBadRequest || !strings.Contains(msg, fmt.Sprintf("%q", name)) {
+					t.Errorf("%s %s?%s: %d %q, want 400 naming %q", rt.method, rt.path, query, resp.StatusCode, msg, name)
+				}
+				for _, a := range rt.accepts {
+					if !strings.Contains(msg, fmt.Sprintf("%q", a)) {
+						t.Errorf("%s %s?%s: %q does not list the accepted %q", rt.method, rt.path, query, msg, a)
+					}
+				}
+				if s.backend.touched.Load() != before {
+					t.Errorf("%s %s?%s (Accept %s) reached the node", rt.method, rt.path, query, accept)
+				}
+			}
+		}
+		// The parameters it accepts, each once, still work.
+		query := ""
+		for _, a := range rt.accepts {
+			query += map[string]string{"ifindex": "ifindex=7&", "limit": "limit=5&", "dryRun": "dryRun=true&"}[a]
+		}
+		resp, body := s.do(t, rt.method, rt.path+"?"+strings.TrimSuffix(query, "&"), adminToken, nil)
+		if resp.StatusCode >= 400 && rt.path != "/v1/passes/last" {
+			t.Errorf("%s %s?%s: %d %v", rt.method, rt.path, query, resp.StatusCode, body)
+		}
+	}
+	if n := s.backend.realPasses.Load(); n != 0 {
+		t.Fatalf("%d real passes ran, want none", n)
+	}
+	if n := s.backend.dryPasses.Load(); n != 1 {
+		t.Fatalf("%d dry passes ran, want the one with ?dryRun=true", n)
+	}
+}
+
+// Authentication comes first: without a valid token an unknown parameter
+// gets 401, a read token forcing gets 403, and a token in the URL still
+// gets authorize's 400, whatever else the query holds.
+func TestAuthIsCheckedBeforeParameters(t *testing.T) {
+	s := start(t, admin.Config{})
+	for _, tc := range []struct {
+		method, path, token string
+		want                int
+		says                string
+	}{
+		{"POST", "/v1/passes?dryrun=true", "", http.StatusUnauthorized, "missing bearer token"},
+		{"POST", "/v1/passes?dryrun=true", "wrong-token-0123456789", http.StatusUnauthorized, "invalid bearer token"},
+		{"POST", "/v1/passes?dryrun=true", readToken, http.StatusForbidden, "cannot create"},
+		{"GET", "/v1/taps?bogus=1", "", http.StatusUnauthorized, "missing bearer token"},
+		{"GET", "/v1/ebpf/maps/traffic_policy?limit=5&limit=6", "", http.StatusUnauthorized, "missing bearer token"},
+		{"GET", "/v1/taps?bogus=1&access_token=" + adminToken, "", http.StatusBadRequest, "Authorization header"},
+		{"POST", "/v1/passes?dryRun=true&token=" + adminToken, adminToken, http.StatusBadRequest, "Authorization header"},
+	} {
+		resp, body := s.do(t, tc.method, tc.path, tc.token, nil)
+		if msg, _ := body["error"].(string); resp.StatusCode != tc.want || !strings.Contains(msg, tc.says) {
+			t.Errorf("%s %s (token %q): %d %v, want %d saying %q", tc.method, tc.path, tc.token, resp.StatusCode, body, tc.want, tc.says)
+		}
+	}
+	if s.backend.touched.Load() != 0 {
+		t.Fatal("a refused request reached the node")
+	}
+}
+
+// A query string that does not parse is refused whole: url.ParseQuery
+// would drop the bad pair and leave no dryRun, a real pass.
+func TestAMalformedQueryRunsNoPass(t *testing.T) {
+	s := start(t, admin.Config{})
+	for _, query := range []string{"dryRun=tru%e", "dryRun=true;x=1", "dryRun%=true"} {
+		if resp, body := s.do(t, "POST", "/v1/passes?"+query, adminToken, nil); resp.StatusCode != http.StatusBadRequest || body["error"] == nil {
+			t.Errorf("POST /v1/passes?%s: %d %v, want 400", query, resp.StatusCode, body)
+		}
+	}
+	if n := s.backend.forces.Load(); n != 0 {
+		t.Fatalf("malformed queries ran %d passes", n)
+	}
+}
+
+// TestPendingTapsShowWhenTheyAreEligible: the pending table has an ELIGIBLE
+// column, the time from which a pass may confirm the candidate, or "now"
+// once that has passed; JSON carries eligibleAt.
+func TestPendingTapsShowWhenTheyAreEligible(t *testing.T) {
+	s := start(t, admin.Config{})
+	first := time.Now().Add(-time.Minute).UTC().Truncate(time.Second)
+	later := time.Now().Add(time.Hour).UTC().Truncate(time.Second)
+	s.backend.pending.Store(&[]reclaim.Pending{
+		{Tap: reclaim.TapRef{Name: "G000000010013H", Ifindex: 7, Owner: "sandbox-1"}, FirstSeen: first, EligibleAt: later, Passes: 1},
+		{Tap: reclaim.TapRef{Name: "G000000010014H", Ifindex: 8, Owner: "sandbox-2"}, FirstSeen: first, EligibleAt: first.Add(30 * time.Second), Passes: 3},
+	})
+	_, body := s.do(t, "GET", "/v1/taps/pending", readToken, nil, "Accept", "text/plain")
+	lines := strings.Split(strings.TrimSpace(body["raw"].(string)), "\n")
+	if len(lines) != 3 {
+		t.Fatalf("text table:\n%s", body["raw"])
+	}
+	col := strings.Index(lines[0], "ELIGIBLE")
+	if col < 0 || strings.Index(lines[0], "PASSES") < col ||
+		!strings.HasPrefix(lines[1][col:], later.Format(time.RFC3339)+" ") || !strings.HasPrefix(lines[2][col:], "now ") {
+		t.Fatalf("ELIGIBLE column, want %s then now:\n%s", later.Format(time.RFC3339), body["raw"])
+	}
+	_, body = s.do(t, "GET", "/v1/taps/pending", readToken, nil)
+	items, _ := body["items"].([]any)
+	if len(items) != 2 || items[0].(map[string]any)["eligibleAt"] != later.Format(time.RFC3339) {
+		t.Fatalf("JSON: %v", body)
 	}
 }

@@ -70,10 +70,20 @@ func tapRows(taps []agent.TapView) tabular {
 }
 
 func pendingRows(p []reclaim.Pending) tabular {
-	t := tabular{items: p, header: []string{"NAME", "IFINDEX", "OWNER", "IDENTITY", "FIRST SEEN", "PASSES"}}
+	return pendingRowsAt(p, time.Now())
+}
+
+// pendingRowsAt renders p as of now: ELIGIBLE is when a pass may confirm
+// the candidate, or "now" once that time has come.
+func pendingRowsAt(p []reclaim.Pending, now time.Time) tabular {
+	t := tabular{items: p, header: []string{"NAME", "IFINDEX", "OWNER", "IDENTITY", "FIRST SEEN", "ELIGIBLE", "PASSES"}}
 	for _, c := range p {
+		eligible := "now"
+		if c.EligibleAt.After(now) {
+			eligible = c.EligibleAt.Format(time.RFC3339)
+		}
 		t.rows = append(t.rows, []string{c.Tap.Name, strconv.FormatUint(uint64(c.Tap.Ifindex), 10), c.Tap.Owner,
-			c.Tap.Identity.String(), c.FirstSeen.Format(time.RFC3339), strconv.Itoa(c.Passes)})
+			c.Tap.Identity.String(), c.FirstSeen.Format(time.RFC3339), eligible, strconv.Itoa(c.Passes)})
 	}
 	return t
 }

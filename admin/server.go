@@ -5,7 +5,9 @@
 // Every route but /healthz and /readyz needs "Authorization: Bearer
 // <token>": a token from the token file (role read or admin), or, with
 // delegated auth, one the API server authenticates and authorises. Tokens in
-// the query string are refused; tokens are never logged.
+// the query string are refused; tokens are never logged. A query parameter
+// a route does not read, or one it reads given twice, is refused with 400
+// and nothing done: ?dryrun=true must not run a real pass.
 package admin
 
 import (
@@ -15,6 +17,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -82,24 +86,96 @@ func NewHandler(b Backend, cfg Config) http.Handler {
 	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, http.StatusMethodNotAllowed, r.Method+" is not allowed here")
 	})
-	r.Get("/healthz", func(w http.ResponseWriter, r *http.Request) {
+	// Every route names the query parameters it reads (accepts); any other
+	// is refused before the handler runs. On /v1 the check follows
+	// authorize, so an unauthenticated caller learns nothing of them.
+	r.With(accepts()).Get("/healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, r, http.StatusOK, map[string]string{"status": "ok"})
 	})
-	r.Get("/readyz", h.readyz)
+	r.With(accepts()).Get("/readyz", h.readyz)
 	r.Route("/v1", func(r chi.Router) {
 		r.Group(func(r chi.Router) {
 			r.Use(h.authorize(RoleRead, "get"))
-			r.Get("/taps", h.taps)
-			r.Get("/taps/pending", h.pending)
-			r.Get("/passes", h.passes)
-			r.Get("/passes/last", h.lastPass)
-			r.Get("/ebpf/maps", h.maps)
-			r.Get("/ebpf/maps/{name}", h.mapRows)
-			r.Get("/ebpf/interfaces/{ifindex}", h.interfaceRows)
+			r.With(accepts()).Get("/taps", h.taps)
+			r.With(accepts()).Get("/taps/pending", h.pending)
+			r.With(accepts()).Get("/passes", h.passes)
+			r.With(accepts()).Get("/passes/last", h.lastPass)
+			r.With(accepts()).Get("/ebpf/maps", h.maps)
+			r.With(accepts("ifindex", "limit")).Get("/ebpf/maps/{name}", h.mapRows)
+			r.With(accepts()).Get("/ebpf/interfaces/{ifindex}", h.interfaceRows)
 		})
-		r.With(h.authorize(RoleAdmin, "create")).Post("/passes", h.force)
+		r.With(h.authorize(RoleAdmin, "create"), accepts("dryRun")).Post("/passes", h.force)
 	})
 	return r
+}
+
+// accepts refuses, with 400 and before next runs, a request whose query
+// string is malformed, names a parameter other than names (matched
+// case-sensitively: ?dryrun=true is not ?dryRun=true), or repeats one of
+// names. A handler can then read its parameters with Query().Get knowing
+// that an absent one was not misspelt, dropped or given twice.
+func accepts(names ...string) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if msg := checkQuery(r.URL.RawQuery, names); msg != "" {
+				writeError(w, r, http.StatusBadRequest, msg)
+				return
+			}
+			next.ServeHTTP(w, r)
+		})
+	}
+}
+
+// checkQuery says what is wrong with raw for a route that accepts names, or
+// "" when nothing is.
+func checkQuery(raw string, names []string) string {
+	if raw == "" {
+		return ""
+	}
+	// ParseQuery drops the pairs it cannot parse (a bad escape, a
+	// semicolon) and returns the rest: a dropped ?dryRun=tru%e must not
+	// read as no dryRun at all.
+	q, err := url.ParseQuery(raw)
+	if err != nil {
+		return "malformed query string: " + err.Error()
+	}
+	accepted := "accepts no query parameters"
+	if len(names) > 0 {
+		quoted := make([]string, len(names))
+		for i, n := range names {
+			quoted[i] = strconv.Quote(n)
+		}
+		accepted = "accepts only " + strings.Join(quoted, ", ")
+	}
+	unknown := make([]string, 0, len(q))
+	for k := range q {
+		if !slices.Contains(names, k) {
+			unknown = append(unknown, k)
+		}
+	}
+	if len(unknown) > 0 {
+		slices.Sort(unknown)
+		var hint string
+		for i, k := range unknown {
+			for _, n := range names {
+				if hint == "" && strings.EqualFold(strings.ReplaceAll(k, "_", ""), n) {
+					hint = fmt.Sprintf(" (did you mean %q?)", n)
+				}
+			}
+			unknown[i] = strconv.Quote(k)
+		}
+		plural := ""
+		if len(unknown) > 1 {
+			plural = "s"
+		}
+		return fmt.Sprintf("unknown query parameter%s %s: this route %s%s", plural, strings.Join(unknown, ", "), accepted, hint)
+	}
+	for _, n := range names {
+		if len(q[n]) > 1 {
+			return fmt.Sprintf("query parameter %q is given %d times: this route %s, each at most once", n, len(q[n]), accepted)
+		}
+	}
+	return ""
 }
 
 // NewServer wraps h in an http.Server whose timeouts cut off slow clients:
