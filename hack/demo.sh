@@ -65,8 +65,10 @@ admin_token=$(head -c 24 /dev/urandom | base64 | tr -d '/+=')
 read_token=$(head -c 24 /dev/urandom | base64 | tr -d '/+=')
 (umask 077 && printf 'admin %s\nread %s\n' "$admin_token" "$read_token" >"$work/tokens")
 
-step "galactic-node run, passes only when forced (--interval 0)"
-ip netns exec "$ns" "$bin" run --node-name demo --inventory-file "$work/inventory.yaml" --interval 0 "${common[@]}" \
+# A candidate must have been stale for --min-candidate-age (5m in
+# production) before a pass may remove it; the demo waits 3 s instead.
+step "galactic-node run, passes only when forced (--interval 0), candidates eligible after 3 s"
+ip netns exec "$ns" "$bin" run --node-name demo --inventory-file "$work/inventory.yaml" --interval 0 --min-candidate-age 3s "${common[@]}" \
 	--admin-socket "$work/admin.sock" --admin-token-file "$work/tokens" \
 	--metrics-listen 127.0.0.1:9180 --log-format text >"$work/daemon.log" 2>&1 &
 pids+=($!)
@@ -90,11 +92,16 @@ api GET /v1/taps/pending
 [[ "$(json /v1/taps/pending)" == *G00000000a003H* ]] || fail "the stale tap is not pending after pass 1"
 in_ns test -e /sys/class/net/G00000000a003H || fail "pass 1 removed the stale tap"
 
-step "pass 2: confirmed and reclaimed"
+step "pass 2 at once: too young to confirm, kept"
+api POST /v1/passes "$admin_token" >/dev/null
+in_ns test -e /sys/class/net/G00000000a003H || fail "a pass before the candidate's eligibleAt removed it"
+
+step "pass 3, once eligible (3 s after pass 1): confirmed and reclaimed"
+sleep 3
 api POST /v1/passes "$admin_token" >/dev/null
 api GET /v1/passes
 api GET /v1/taps
-in_ns test ! -e /sys/class/net/G00000000a003H || fail "pass 2 did not reclaim the stale tap"
+in_ns test ! -e /sys/class/net/G00000000a003H || fail "pass 3 did not reclaim the stale tap"
 in_ns test -e /sys/class/net/G00000000a001H || fail "the held tap was removed"
 in_ns test -e /sys/class/net/G00000000a002H || fail "the live tap was removed"
 

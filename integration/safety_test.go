@@ -1,0 +1,207 @@
+package integration
+
+import (
+	"encoding/json"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/datum-cloud/galactic-node/internal/nettest"
+	"github.com/datum-cloud/galactic-node/node/tun"
+)
+
+// liveAttachment is an inventory document carrying a/1, so that an
+// inventory file is healthy.
+const liveAttachment = "apiVersion: cloud.datumapis.com/v1alpha1\nkind: VPCAttachment\nmetadata: {name: live, namespace: t}\nstatus: {vpc: a, vpcAttachment: \"1\"}\n"
+
+// writeInventory writes the inventory file of n and returns its path.
+func (n *node) writeInventory(docs ...string) string {
+	n.t.Helper()
+	path := filepath.Join(n.dir, "inventory.yaml")
+	if err := os.WriteFile(path, []byte(strings.Join(docs, "---\n")), 0o600); err != nil {
+		n.t.Fatal(err)
+	}
+	return path
+}
+
+// stampedTap makes a persistent tap stamped by owner with no fd open, as a
+// VMM leaves it when it exits without CNI DEL.
+func (n *node) stampedTap(name, owner string, mode tun.Mode) {
+	n.t.Helper()
+	nettest.NewTap(n.t, n.ns, name, mode)
+	n.ns.IP(n.t, "link", "set", name, "alias", owner, "up")
+}
+
+// force runs a forced pass and decodes its report.
+func (n *node) force(query string) passReport {
+	n.t.Helper()
+	code, body := n.call("POST", "/v1/passes"+query, adminToken)
+	if code != http.StatusOK {
+		n.t.Fatalf("POST /v1/passes%s: %d %s", query, code, body)
+	}
+	var rep passReport
+	if err := json.Unmarshal(body, &rep); err != nil {
+		n.t.Fatalf("pass report: %v: %s", err, body)
+	}
+	return rep
+}
+
+type passReport struct {
+	Result    string                  `json:"result"`
+	Reason    string                  `json:"reason"`
+	Reclaimed []struct{ Name string } `json:"reclaimed"`
+	Held      []struct {
+		Tap struct{ Name string } `json:"tap"`
+		Why string                `json:"why"`
+	} `json:"heldSingleQueue"`
+}
+
+func (n *node) exists(name string) bool {
+	_, gone := n.linkGone(name)
+	return !gone
+}
+
+// A single-queue tap reports no queue counts, and tun takes carrier off
+// while a process holds it: the built daemon must keep such a tap held, and
+// still reclaim a free one, which its scan of /proc proves free.
+func TestTheDaemonKeepsAHeldSingleQueueTapWithCarrierOff(t *testing.T) {
+	n := newNode(t)
+	inv := n.writeInventory(liveAttachment)
+	held, free := "G00000000a005H", "G00000000a006H"
+	n.stampedTap(held, "sandbox-5", tun.Mode{SingleQueue: true})
+	n.stampedTap(free, "sandbox-6", tun.Mode{SingleQueue: true})
+	nettest.Hold(t, n.ns, held, nettest.HoldOptions{Mode: tun.Mode{SingleQueue: true}})
+	n.ns.IP(t, "link", "set", held, "carrier", "off")
+
+	_, log := n.start("--inventory-file", inv)
+	n.waitReady(log)
+	n.force("")
+	rep := n.force("")
+	if !n.exists(held) {
+		t.Fatalf("the held single-queue tap with carrier off was removed: %+v\n%s", rep, log)
+	}
+	if n.exists(free) || len(rep.Reclaimed) != 1 || rep.Reclaimed[0].Name != free {
+		t.Fatalf("the free single-queue tap: %+v", rep)
+	}
+	if len(rep.Held) != 1 || rep.Held[0].Tap.Name != held || !strings.Contains(rep.Held[0].Why, "pid") {
+		t.Fatalf("the report does not say why the held tap was kept: %+v", rep)
+	}
+}
+
+// Two passes a moment apart must not confirm a tap whose VMM may not have
+// opened it yet: --min-candidate-age holds forced passes too, pending shows
+// when a candidate becomes eligible, and a misspelt dryRun runs nothing.
+func TestTwoForcedPassesInAMomentConfirmNothing(t *testing.T) {
+	n := newNode(t)
+	inv := n.writeInventory(liveAttachment)
+	n.tapAdd("3", "sandbox-3")
+	_, log := n.start("--inventory-file", inv, "--min-candidate-age", "2s")
+	n.waitReady(log)
+
+	n.force("")
+	time.Sleep(400 * time.Millisecond)
+	if rep := n.force(""); !n.exists("G00000000a003H") || len(rep.Reclaimed) != 0 {
+		t.Fatalf("two passes 0.4 s apart removed the tap: %+v", rep)
+	}
+	code, body := n.call("GET", "/v1/taps/pending", readToken)
+	var pending struct {
+		Items []struct {
+			FirstSeen  time.Time `json:"firstSeen"`
+			EligibleAt time.Time `json:"eligibleAt"`
+		} `json:"items"`
+	}
+	if err := json.Unmarshal(body, &pending); err != nil || code != http.StatusOK || len(pending.Items) != 1 ||
+		pending.Items[0].EligibleAt.Sub(pending.Items[0].FirstSeen) != 2*time.Second {
+		t.Fatalf("pending: %d %s; want eligibleAt 2 s after firstSeen", code, body)
+	}
+	for _, q := range []string{"?dryrun=true", "?dry_run=true", "?DryRun=true"} {
+		if code, body := n.call("POST", "/v1/passes"+q, adminToken); code != http.StatusBadRequest {
+			t.Fatalf("POST /v1/passes%s: %d %s, want 400", q, code, body)
+		}
+	}
+	time.Sleep(time.Until(pending.Items[0].EligibleAt))
+	if rep := n.force(""); n.exists("G00000000a003H") || len(rep.Reclaimed) != 1 {
+		t.Fatalf("a pass once eligible: %+v", rep)
+	}
+	if strings.Count(log.String(), "pass forced") > 4 {
+		t.Fatalf("a refused request ran a pass:\n%s", log)
+	}
+}
+
+// The inventory file holds identifiers as the text written, whatever YAML
+// 1.1 would make of it unquoted: 0x1A is not 26 and 010 is not 8.
+func TestUnquotedIdentifiersKeepTheirTaps(t *testing.T) {
+	n := newNode(t)
+	inv := n.writeInventory(liveAttachment,
+		"apiVersion: cloud.datumapis.com/v1alpha1\nkind: VPCAttachment\nmetadata: {name: hex, namespace: t}\nstatus: {vpc: 0x1A, vpcAttachment: 010}\n",
+		"apiVersion: cloud.datumapis.com/v1alpha1\nkind: VPCAttachment\nmetadata: {name: zero, namespace: t}\nstatus: {vpc: a, vpcAttachment: 0012}\n")
+	kept := []string{"G000000x1A010H", "G00000000a012H"}
+	for i, name := range kept {
+		n.stampedTap(name, "sandbox-"+string(rune('a'+i)), tun.Mode{})
+	}
+	// What the unquoted values would mean read as YAML 1.1 numbers.
+	decoys := []string{"G000000026008H", "G00000000a010H"}
+	for i, name := range decoys {
+		n.stampedTap(name, "decoy-"+string(rune('a'+i)), tun.Mode{})
+	}
+	_, log := n.start("--inventory-file", inv)
+	n.waitReady(log)
+	n.force("")
+	rep := n.force("")
+	for _, name := range kept {
+		if !n.exists(name) {
+			t.Errorf("%s, carried by an unquoted identifier, was removed: %+v", name, rep)
+		}
+	}
+	for _, name := range decoys {
+		if n.exists(name) {
+			t.Errorf("%s, carried by nothing, was kept: %+v", name, rep)
+		}
+	}
+}
+
+// An object whose identity fields are set but cannot be read may be the one
+// that carries a tap: the pass removes nothing, says which object, and the
+// metric names it.
+func TestAMalformedObjectStopsEveryRemoval(t *testing.T) {
+	n := newNode(t)
+	inv := n.writeInventory(liveAttachment,
+		"apiVersion: cloud.datumapis.com/v1alpha1\nkind: VPCAttachment\nmetadata: {name: broken, namespace: t}\nstatus: {vpc: aaaaaaaaaaaaaaaaa, vpcAttachment: \"3\"}\n")
+	n.tapAdd("3", "sandbox-3")
+	_, log := n.start("--inventory-file", inv)
+	n.waitReady(log)
+	for range 3 {
+		rep := n.force("")
+		if rep.Result != "skipped" || !strings.Contains(rep.Reason, "VPCAttachment t/broken") || len(rep.Reclaimed) != 0 {
+			t.Fatalf("a pass over a malformed object: %+v", rep)
+		}
+	}
+	if !n.exists("G00000000a003H") {
+		t.Fatal("the tap was removed")
+	}
+	out, err := exec.Command("ip", "netns", "exec", n.ns.Name, "curl", "-sS", "127.0.0.1:9180/metrics").Output()
+	if err != nil {
+		t.Fatalf("metrics: %v", err)
+	}
+	if want := `galactic_cni_inventory_malformed_objects{kind="VPCAttachment",name="broken",namespace="t"} 1`; !strings.Contains(string(out), want) {
+		t.Fatalf("metrics lack %s:\n%s", want, out)
+	}
+}
+
+// The CNI plugin runs once per ADD and DEL: it links the teardown, not the
+// cluster client nor the metrics library the daemon uses.
+func TestTheCNIPluginLinksNoClusterOrMetricsClient(t *testing.T) {
+	out, err := exec.Command("go", "list", "-deps", "../cmd/galactic-tap").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	for _, dep := range strings.Fields(string(out)) {
+		if strings.HasPrefix(dep, "k8s.io/") || strings.Contains(dep, "prometheus") {
+			t.Errorf("galactic-tap depends on %s", dep)
+		}
+	}
+}
