@@ -35,6 +35,7 @@ import (
 type daemonFlags struct {
 	nodeName, kubeconfig, inventoryFile   string
 	interval, minCandidateAge             time.Duration
+	inventoryMaxAge, proofTimeout         time.Duration
 	dryRun                                bool
 	maxReclaims                           int
 	bpffs, vrfLockDir                     string
@@ -54,6 +55,8 @@ func parseDaemonFlags(args []string, stderr io.Writer) (*daemonFlags, error) {
 	fs.StringVar(&f.inventoryFile, "inventory-file", "", "read the inventory from this YAML file instead of the cluster")
 	fs.DurationVar(&f.interval, "interval", time.Minute, "time between passes; 0 runs passes only when forced")
 	fs.DurationVar(&f.minCandidateAge, "min-candidate-age", 5*time.Minute, "how long a tap must have been seen stale before a pass may remove it, on top of two passes; 0 only for labs and tests")
+	fs.DurationVar(&f.inventoryMaxAge, "inventory-max-age", 5*time.Minute, "readiness fails when the cluster inventory was last proven current (a consistent read or a watch event; a quiet API server sends each watch a bookmark about every 2 min) longer ago than this; 0 disables")
+	fs.DurationVar(&f.proofTimeout, "inventory-proof-timeout", 10*time.Second, "bound on the consistent read of the API server that must precede every removal")
 	fs.BoolVar(&f.dryRun, "dry-run", false, "compute and report every pass, remove nothing")
 	fs.IntVar(&f.maxReclaims, "max-reclaims-per-pass", 0, "cap on removals per pass, the rest roll over (0: no cap)")
 	fs.StringVar(&f.bpffs, "bpffs", "/sys/fs/bpf", "bpf filesystem; maps are pinned under <bpffs>/galactic")
@@ -89,6 +92,12 @@ func parseDaemonFlags(args []string, stderr io.Writer) (*daemonFlags, error) {
 	}
 	if f.interval < 0 {
 		return nil, errors.New("--interval must not be negative")
+	}
+	if f.proofTimeout <= 0 {
+		return nil, errors.New("--inventory-proof-timeout must be positive")
+	}
+	if f.inventoryMaxAge < 0 {
+		return nil, errors.New("--inventory-max-age must not be negative")
 	}
 	if f.minCandidateAge < 0 {
 		return nil, errors.New("--min-candidate-age must not be negative")
@@ -195,11 +204,16 @@ func runDaemon(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if p, ok := inv.(inventory.Prover); ok {
+		if err := reclaim.RegisterInventoryAge(reg, p); err != nil {
+			return err
+		}
+	}
 	holders := holder.Proc{Root: "/proc"}
 	if ok, why := holders.Scan(ctx).Complete(); !ok {
 		log.Warn("single-queue taps will never be reclaimed: the holder scan cannot see every process", "why", why)
 	}
-	rcfg := reclaim.Config{DryRun: f.dryRun, MaxReclaimsPerPass: f.maxReclaims, MinCandidateAge: f.minCandidateAge, Holders: holders}
+	rcfg := reclaim.Config{DryRun: f.dryRun, MaxReclaimsPerPass: f.maxReclaims, MinCandidateAge: f.minCandidateAge, ProveTimeout: f.proofTimeout, Holders: holders}
 	if marker := os.Getenv(hangAfterLinksEnv); marker != "" {
 		// The restart test's seam: hang mid-removal so that it can kill
 		// the daemon between a tap's link and its rows.
@@ -210,7 +224,7 @@ func runDaemon(ctx context.Context, args []string, stderr io.Writer) error {
 		}
 	}
 	reclaimer := reclaim.New(conn, inv, registry, locks, metrics, log, rcfg)
-	ag := &agent.Agent{Links: conn, Inventory: inv, Reclaimer: reclaimer, Registry: registry, Datapath: dp, Holders: holders}
+	ag := &agent.Agent{Links: conn, Inventory: inv, Reclaimer: reclaimer, Registry: registry, Datapath: dp, Holders: holders, MaxInventoryAge: f.inventoryMaxAge}
 
 	var servers []*http.Server
 	defer func() {

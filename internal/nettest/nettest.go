@@ -212,13 +212,20 @@ func BPFFS(t testing.TB) string {
 // through untouched. It stops when t ends.
 func ForwardLoopback(t testing.TB, ns *NS, hostAddr string) {
 	t.Helper()
+	Forward(t, ns, hostAddr, hostAddr)
+}
+
+// Forward relays TCP connections made to listenAddr inside ns to target on
+// the host's loopback, until t ends.
+func Forward(t testing.TB, ns *NS, listenAddr, target string) {
+	t.Helper()
 	var l net.Listener
 	if err := netns.Do(ns.File, func() error {
 		var err error
-		l, err = net.Listen("tcp", hostAddr)
+		l, err = net.Listen("tcp", listenAddr)
 		return err
 	}); err != nil {
-		t.Fatalf("listen on %s in %s: %v", hostAddr, ns.Name, err)
+		t.Fatalf("listen on %s in %s: %v", listenAddr, ns.Name, err)
 	}
 	t.Cleanup(func() { l.Close() })
 	go func() {
@@ -229,7 +236,7 @@ func ForwardLoopback(t testing.TB, ns *NS, hostAddr string) {
 			}
 			go func() {
 				defer in.Close()
-				out, err := net.Dial("tcp", hostAddr)
+				out, err := net.Dial("tcp", target)
 				if err != nil {
 					return
 				}
@@ -239,6 +246,18 @@ func ForwardLoopback(t testing.TB, ns *NS, hostAddr string) {
 			}()
 		}
 	}()
+}
+
+// Veth joins two namespaces with a veth pair, addressed addrA (a CIDR, in
+// a) and addrB (in b), both up. It goes with the namespaces.
+func Veth(t testing.TB, a, b *NS, addrA, addrB string) {
+	t.Helper()
+	ifA, ifB := "veth"+a.Name[len(a.Name)-6:], "veth"+b.Name[len(b.Name)-6:]
+	a.IP(t, "link", "add", ifA, "type", "veth", "peer", "name", ifB, "netns", b.Name)
+	a.IP(t, "addr", "add", addrA, "dev", ifA)
+	a.IP(t, "link", "set", ifA, "up")
+	b.IP(t, "addr", "add", addrB, "dev", ifB)
+	b.IP(t, "link", "set", ifB, "up")
 }
 
 // PinnedRowsKeyedBy walks every map pinned in pinDir (not a list a package

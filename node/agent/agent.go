@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/datum-cloud/galactic-node/ebpf/datapath"
 	"github.com/datum-cloud/galactic-node/node/attachreg"
@@ -30,6 +31,10 @@ type Agent struct {
 	Reclaimer *reclaim.Reclaimer
 	Registry  *attachreg.Registry
 	Datapath  *datapath.Datapath
+	// MaxInventoryAge is how long an inventory that caches the API server
+	// (an inventory.Prover) may go unproven before Ready says so. 0: no
+	// bound.
+	MaxInventoryAge time.Duration
 	// Holders names the processes holding each tap and proves single-queue
 	// taps free; nil shows no holders and every single-queue tap as held.
 	// Seeing a VMM's descriptors needs the host PID namespace.
@@ -148,6 +153,11 @@ func (a *Agent) Ready(ctx context.Context) error {
 	}
 	if !snap.Synced {
 		return inventory.ErrNotSynced
+	}
+	if p, ok := a.Inventory.(inventory.Prover); ok && a.MaxInventoryAge > 0 {
+		if age := time.Since(p.ProvenAt()); age > a.MaxInventoryAge {
+			return fmt.Errorf("%w: last proven %s ago, bound %s", inventory.ErrNotProvenCurrent, age.Round(time.Second), a.MaxInventoryAge)
+		}
 	}
 	return nil
 }

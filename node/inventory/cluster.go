@@ -5,7 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
+	"strings"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -30,12 +34,22 @@ var (
 type Cluster struct {
 	log     *slog.Logger
 	sources []*watched
+
+	// host and http serve consistent reads (Prove), outside the informers.
+	host   string
+	http   *http.Client
+	proven atomic.Int64 // unix nanoseconds of the last successful Prove
 }
 
 // watched is one informer and the health of its list/watch calls.
 type watched struct {
-	gvr      schema.GroupVersionResource
-	informer cache.SharedIndexInformer
+	gvr        schema.GroupVersionResource
+	informer   cache.SharedIndexInformer
+	fromFields func(namespace, name, vpc, attachment string) Object
+
+	// seen is when the informer last heard from the API server (unix
+	// nanoseconds): a list, or any watch event, bookmarks included.
+	seen atomic.Int64
 
 	mu      sync.Mutex
 	lastErr error
@@ -50,21 +64,19 @@ func NewCluster(cfg *rest.Config, log *slog.Logger) (*Cluster, error) {
 	if err != nil {
 		return nil, fmt.Errorf("inventory: client: %w", err)
 	}
-	c := &Cluster{log: log}
+	hc, err := rest.HTTPClientFor(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("inventory: http client: %w", err)
+	}
+	c := &Cluster{log: log, host: strings.TrimSuffix(cfg.Host, "/"), http: hc}
 	for _, r := range []struct {
-		gvr  schema.GroupVersionResource
-		trim func(*unstructured.Unstructured) Object
+		gvr        schema.GroupVersionResource
+		fromFields func(namespace, name, vpc, attachment string) Object
 	}{
-		{AttachmentResource, func(u *unstructured.Unstructured) Object {
-			vpc, _, _ := unstructured.NestedString(u.Object, "status", "vpc")
-			att, _, _ := unstructured.NestedString(u.Object, "status", "vpcAttachment")
-			return AttachmentObject(u.GetNamespace(), u.GetName(), vpc, att)
-		}},
-		{AdvertisementResource, func(u *unstructured.Unstructured) Object {
-			return AdvertisementObject(u.GetNamespace(), u.GetName())
-		}},
+		{AttachmentResource, AttachmentObject},
+		{AdvertisementResource, func(namespace, name, _, _ string) Object { return AdvertisementObject(namespace, name) }},
 	} {
-		w, err := newWatched(dc.Resource(r.gvr), r.gvr, r.trim, log)
+		w, err := newWatched(dc.Resource(r.gvr), r.gvr, r.fromFields, log)
 		if err != nil {
 			return nil, err
 		}
@@ -73,18 +85,29 @@ func NewCluster(cfg *rest.Config, log *slog.Logger) (*Cluster, error) {
 	return c, nil
 }
 
-func newWatched(ri dynamic.NamespaceableResourceInterface, gvr schema.GroupVersionResource, trim func(*unstructured.Unstructured) Object, log *slog.Logger) (*watched, error) {
-	w := &watched{gvr: gvr}
+func newWatched(ri dynamic.NamespaceableResourceInterface, gvr schema.GroupVersionResource, fromFields func(namespace, name, vpc, attachment string) Object, log *slog.Logger) (*watched, error) {
+	w := &watched{gvr: gvr, fromFields: fromFields}
+	trim := func(u *unstructured.Unstructured) Object {
+		vpc, _, _ := unstructured.NestedString(u.Object, "status", "vpc")
+		att, _, _ := unstructured.NestedString(u.Object, "status", "vpcAttachment")
+		return fromFields(u.GetNamespace(), u.GetName(), vpc, att)
+	}
 	lw := &cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
 			list, err := ri.Namespace(metav1.NamespaceAll).List(ctx, opts)
 			w.record(err, log)
+			if err == nil {
+				w.seen.Store(time.Now().UnixNano())
+			}
 			return list, err
 		},
 		WatchFuncWithContext: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
 			wi, err := ri.Namespace(metav1.NamespaceAll).Watch(ctx, opts)
 			w.record(err, log)
-			return wi, err
+			if err != nil {
+				return nil, err
+			}
+			return newSeenWatch(wi, &w.seen), nil
 		},
 	}
 	w.informer = cache.NewSharedIndexInformerWithOptions(lw, &unstructured.Unstructured{}, cache.SharedIndexInformerOptions{ObjectDescription: gvr.Resource})
@@ -159,6 +182,40 @@ func (c *Cluster) Snapshot(context.Context) Snapshot {
 		}
 	}
 	return build(objects, synced, errors.Join(errs...))
+}
+
+// seenWatch passes a watch's events on and notes when each arrived: a
+// watch that hangs, as in a network partition, delivers nothing, not even
+// the API server's periodic bookmarks, and so stops proving the cache
+// current.
+type seenWatch struct {
+	watch.Interface
+	out  chan watch.Event
+	stop chan struct{}
+	once sync.Once
+}
+
+func newSeenWatch(in watch.Interface, seen *atomic.Int64) *seenWatch {
+	s := &seenWatch{Interface: in, out: make(chan watch.Event), stop: make(chan struct{})}
+	go func() {
+		defer close(s.out)
+		for ev := range in.ResultChan() {
+			seen.Store(time.Now().UnixNano())
+			select {
+			case s.out <- ev:
+			case <-s.stop:
+				return
+			}
+		}
+	}()
+	return s
+}
+
+func (s *seenWatch) ResultChan() <-chan watch.Event { return s.out }
+
+func (s *seenWatch) Stop() {
+	s.once.Do(func() { close(s.stop) })
+	s.Interface.Stop()
 }
 
 // cachedObject is what the informers store: a trimmed Object with just

@@ -1,6 +1,9 @@
 package reclaim
 
 import (
+	"math"
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/datum-cloud/galactic-node/node/inventory"
@@ -87,4 +90,21 @@ func (m *Metrics) setMalformed(refs []inventory.ObjectRef) {
 	for _, o := range refs {
 		m.malformed.WithLabelValues(o.Kind, o.Namespace, o.Name).Set(1)
 	}
+}
+
+// RegisterInventoryAge registers galactic_cni_inventory_age_seconds on reg:
+// the seconds since p last showed itself as new as the API server (a
+// consistent read, a list or a watch event), +Inf before the first time. A
+// partitioned node's informers hear nothing, so the age grows.
+func RegisterInventoryAge(reg prometheus.Registerer, p inventory.Prover) error {
+	return reg.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "galactic_cni_inventory_age_seconds",
+		Help: "Seconds since the inventory was last proven as new as the API server (a consistent read, a list or a watch event, bookmarks included); +Inf before the first.",
+	}, func() float64 {
+		at := p.ProvenAt()
+		if at.IsZero() {
+			return math.Inf(1)
+		}
+		return time.Since(at).Seconds()
+	}))
 }

@@ -55,6 +55,10 @@ type Config struct {
 	// forced a moment apart must not take a tap whose VMM has not opened
 	// it yet. 0 means no minimum.
 	MinCandidateAge time.Duration
+	// ProveTimeout bounds the consistent read that proves, before any
+	// removal, that the inventory is as new as the API server (for a
+	// source that is an inventory.Prover). Default 10 s.
+	ProveTimeout time.Duration
 	// Holders proves single-queue taps free (holder.Proc); nil keeps every
 	// single-queue tap as held.
 	Holders holder.Scanner
@@ -101,6 +105,9 @@ func New(links Links, inv inventory.Source, reg Registry, locks Locker, metrics 
 	}
 	if cfg.History <= 0 {
 		cfg.History = 32
+	}
+	if cfg.ProveTimeout <= 0 {
+		cfg.ProveTimeout = 10 * time.Second
 	}
 	return &Reclaimer{links: links, inv: inv, reg: reg, locks: locks, metrics: metrics, log: log, cfg: cfg}
 }
@@ -224,7 +231,12 @@ func (r *Reclaimer) pass(ctx context.Context, opts PassOptions) Report {
 		r.log.Info("stale tap confirmed", "tap", c.Expect.Name, "ifindex", c.Expect.Index, "owner", c.Expect.Alias, "passes", c.passes)
 	}
 	if len(confirmed) > 0 {
-		r.remove(ctx, confirmed, links, opts.DryRun, &rep)
+		if err := r.remove(ctx, confirmed, links, opts.DryRun, &rep); err != nil {
+			rep.Result, rep.Reason = ResultSkipped, "nothing removed and every candidate forgotten: "+err.Error()
+			r.log.Warn("reclaim pass removed nothing", "reason", rep.Reason)
+			r.forget()
+			return rep
+		}
 	}
 	for _, t := range rep.Reclaimed {
 		delete(next, t.Ifindex)
@@ -267,13 +279,19 @@ func (r *Reclaimer) record(rep Report) {
 	}
 }
 
-// remove hands the confirmed taps to the teardown, rechecking them against
-// a fresh inventory snapshot, and records the outcome.
-func (r *Reclaimer) remove(ctx context.Context, confirmed []candidate, dump []link.Link, dryRun bool, rep *Report) {
+// remove hands the confirmed taps to the teardown, rechecking them under
+// the VRF locks against a fresh inventory snapshot and, for an inventory that
+// caches the API server, against a consistent read of it: a cache can be
+// behind (a partition, a dead API server, a re-created object), and only the
+// API server's own answer at that moment may justify a removal. It returns
+// the error that kept every tap when the inventory could not be proven
+// current.
+func (r *Reclaimer) remove(ctx context.Context, confirmed []candidate, dump []link.Link, dryRun bool, rep *Report) error {
 	targets := make([]teardown.Target, len(confirmed))
 	for i, c := range confirmed {
 		targets[i] = c.Target
 	}
+	var notProven error
 	rm := &teardown.Remover{Links: r.links, Registry: r.reg, Locks: r.locks, Holders: r.cfg.Holders,
 		LockTimeout: r.cfg.LockTimeout, Log: r.log, AfterLinks: r.cfg.AfterLinks}
 	out := rm.Remove(ctx, targets, teardown.Options{DryRun: dryRun, Dump: dump, Recheck: func(ctx context.Context) (func(teardown.Target) string, error) {
@@ -283,9 +301,25 @@ func (r *Reclaimer) remove(ctx context.Context, confirmed []candidate, dump []li
 		if err := fresh.Healthy(); err != nil {
 			return nil, fmt.Errorf("fresh inventory not trustworthy: %w", err)
 		}
+		snaps := []*inventory.Snapshot{&fresh}
+		if p, ok := r.inv.(inventory.Prover); ok {
+			pctx, cancel := context.WithTimeout(ctx, r.cfg.ProveTimeout)
+			defer cancel()
+			proof, err := p.Prove(pctx)
+			if err == nil {
+				err = proof.Healthy()
+			}
+			if err != nil {
+				notProven = err
+				return nil, err
+			}
+			snaps = append(snaps, &proof)
+		}
 		return func(t teardown.Target) string {
-			if fresh.Carried(t.Identity) {
-				return fmt.Sprintf("identity %s carried by %v at recheck", t.Identity, fresh.Carriers(t.Identity))
+			for _, s := range snaps {
+				if s.Carried(t.Identity) {
+					return fmt.Sprintf("identity %s carried by %v at recheck", t.Identity, s.Carriers(t.Identity))
+				}
 			}
 			return ""
 		}, nil
@@ -299,6 +333,7 @@ func (r *Reclaimer) remove(ctx context.Context, confirmed []candidate, dump []li
 		r.log.Info("stale tap reclaimed", "tap", t.Name, "ifindex", t.Ifindex, "owner", t.Owner,
 			"identity", t.Identity.String(), "first_seen", firstSeen[t.Ifindex])
 	}
+	return notProven
 }
 
 func tapRef(t link.Tap) TapRef {

@@ -34,7 +34,11 @@ type harness struct {
 func newHarness(inv inventory.Source, cfg Config) *harness {
 	h := &harness{links: newFakeLinks(), inv: inv, reg: &fakeRegistry{}, lock: &fakeLocker{}}
 	cfg.LockTimeout = 50 * time.Millisecond
-	h.r = New(h.links, inventoryFunc(func(ctx context.Context) inventory.Snapshot { return h.inv.Snapshot(ctx) }), h.reg, h.lock, nil, nil, cfg)
+	var src inventory.Source = inventoryFunc(func(ctx context.Context) inventory.Snapshot { return h.inv.Snapshot(ctx) })
+	if p, ok := inv.(inventory.Prover); ok {
+		src = p // not switchable: the test changes what it serves instead
+	}
+	h.r = New(h.links, src, h.reg, h.lock, nil, nil, cfg)
 	return h
 }
 
@@ -363,5 +367,59 @@ func TestRunPassesOnItsIntervalAndNotAtZero(t *testing.T) {
 	}
 	if !reports[0].Started.After(reports[len(reports)-1].Started) {
 		t.Fatal("Reports are not newest first")
+	}
+}
+
+// proverInventory is a cache that can be behind its origin: Snapshot serves
+// the cache, Prove the origin. A fake for unit tests of the proof rule; the
+// cluster tests prove against a real API server.
+type proverInventory struct {
+	cache, origin *inventory.Static
+	proveErr      error
+	proofs        int
+}
+
+func (p *proverInventory) Snapshot(ctx context.Context) inventory.Snapshot { return p.cache.Snapshot(ctx) }
+
+func (p *proverInventory) Prove(ctx context.Context) (inventory.Snapshot, error) {
+	p.proofs++
+	if p.proveErr != nil {
+		return inventory.Snapshot{}, p.proveErr
+	}
+	return p.origin.Snapshot(ctx), nil
+}
+
+func (p *proverInventory) ProvenAt() time.Time { return time.Now() }
+
+// Guards the proof: a removal rests on the origin's answer at that moment,
+// not on a cache that may be behind it, and a failed proof removes nothing
+// and forgets every candidate.
+func TestRemovalRestsOnAnInventoryProvenCurrent(t *testing.T) {
+	inv := &proverInventory{cache: liveInventory(), origin: liveInventory()}
+	h := newHarness(inv, Config{})
+	idx := h.links.addTap(stale, "sandbox-2", 0, 0)
+	h.pass(t)
+	if inv.proofs != 0 {
+		t.Fatalf("a pass that only marks proved the inventory %d times; want no request", inv.proofs)
+	}
+
+	// The cache missed an attachment the origin holds: kept.
+	inv.origin = liveInventory(inventory.AttachmentObject("ns", "att-2", stale.VPC.Base62(), stale.Attachment.Base62()))
+	if rep := h.pass(t); !h.links.has(idx) || len(rep.Kept) != 1 || !strings.Contains(rep.Kept[0].Why, "att-2") {
+		t.Fatalf("an attachment only the origin holds: %+v", rep)
+	}
+
+	// The origin cannot be read: nothing removed, candidates forgotten.
+	inv.origin, inv.proveErr = liveInventory(), errInjected
+	rep := h.pass(t)
+	if !h.links.has(idx) || rep.Result != ResultSkipped || !strings.Contains(rep.Reason, errInjected.Error()) || len(h.r.Pending()) != 0 {
+		t.Fatalf("a failed proof: %+v, pending %v", rep, h.r.Pending())
+	}
+	inv.proveErr = nil
+	if rep := h.pass(t); !h.links.has(idx) || len(rep.Confirmed) != 0 {
+		t.Fatalf("the first pass after a failed proof must only mark: %+v", rep)
+	}
+	if rep := h.pass(t); h.links.has(idx) || len(rep.Reclaimed) != 1 {
+		t.Fatalf("then the next removes: %+v", rep)
 	}
 }

@@ -1,0 +1,367 @@
+package integration
+
+import (
+	"context"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/datum-cloud/galactic-node/internal/clustertest"
+	"github.com/datum-cloud/galactic-node/internal/nettest"
+	"github.com/datum-cloud/galactic-node/node/inventory"
+)
+
+// apiAddr is where the node's namespace reaches the API server: over a
+// veth into a namespace of its own, whose relay forwards to the API
+// server on the host's loopback.
+const apiAddr = "10.250.0.1"
+
+var clusterRoles = schema.GroupVersionResource{Group: "rbac.authorization.k8s.io", Version: "v1", Resource: "clusterroles"}
+
+// remoteNode is a node whose daemon reaches a real API server over a veth,
+// as user (a node identity bound to a ClusterRole of its own), and whose
+// packets to it a test can drop.
+type remoteNode struct {
+	*node
+	cluster *clustertest.Cluster
+	user    string
+	role    string
+	kubecfg string
+}
+
+func newRemoteNode(t *testing.T, cluster *clustertest.Cluster) *remoteNode {
+	t.Helper()
+	r := &remoteNode{node: newNode(t), cluster: cluster}
+	r.user = "node-" + r.ns.Name[len(r.ns.Name)-6:]
+	r.role = "galactic-node-e2e-" + r.user
+	api := nettest.NewNS(t)
+	nettest.Veth(t, r.ns, api, "10.250.0.2/30", apiAddr+"/30")
+	host, err := url.Parse(cluster.Config.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nettest.Forward(t, api, net.JoinHostPort(apiAddr, host.Port()), host.Host)
+
+	r.grant(t, []string{"list", "watch"})
+	u, err := cluster.Env.AddUser(envtest.User{Name: r.user}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := u.Config()
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters["e2e"] = &clientcmdapi.Cluster{Server: "https://" + net.JoinHostPort(apiAddr, host.Port()), CertificateAuthorityData: cfg.CAData, TLSServerName: "localhost"}
+	kc.AuthInfos["e2e"] = &clientcmdapi.AuthInfo{ClientCertificateData: cfg.CertData, ClientKeyData: cfg.KeyData}
+	kc.Contexts["e2e"] = &clientcmdapi.Context{Cluster: "e2e", AuthInfo: "e2e"}
+	kc.CurrentContext = "e2e"
+	r.kubecfg = filepath.Join(t.TempDir(), "kubeconfig")
+	if err := clientcmd.WriteToFile(*kc, r.kubecfg); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// grant makes the node's ClusterRole allow verbs on VPCAttachments (and
+// list and watch on BGPAdvertisements), bound to the node's user.
+func (r *remoteNode) grant(t *testing.T, attachmentVerbs []string) {
+	t.Helper()
+	ctx := context.Background()
+	verbs := make([]any, len(attachmentVerbs))
+	for i, v := range attachmentVerbs {
+		verbs[i] = v
+	}
+	role := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+		"metadata": map[string]any{"name": r.role},
+		"rules": []any{
+			map[string]any{"apiGroups": []any{"cloud.datumapis.com"}, "resources": []any{"vpcattachments"}, "verbs": verbs},
+			map[string]any{"apiGroups": []any{"network.datumapis.com"}, "resources": []any{"bgpadvertisements"}, "verbs": []any{"list", "watch"}},
+		},
+	}}
+	ri := r.cluster.Client.Resource(clusterRoles)
+	if old, err := ri.Get(ctx, r.role, metav1.GetOptions{}); err == nil {
+		role.SetResourceVersion(old.GetResourceVersion())
+		if _, err := ri.Update(ctx, role, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		return
+	} else if !apierrors.IsNotFound(err) {
+		t.Fatal(err)
+	}
+	if _, err := ri.Create(ctx, role, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	binding := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+		"metadata": map[string]any{"name": r.role},
+		"roleRef":  map[string]any{"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": r.role},
+		"subjects": []any{map[string]any{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": r.user}},
+	}}
+	bindings := r.cluster.Client.Resource(schema.GroupVersionResource{Group: "rbac.authorization.k8s.io", Version: "v1", Resource: "clusterrolebindings"})
+	if _, err := bindings.Create(ctx, binding, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = ri.Delete(context.Background(), r.role, metav1.DeleteOptions{})
+		_ = bindings.Delete(context.Background(), r.role, metav1.DeleteOptions{})
+	})
+}
+
+// start runs the daemon against the API server through the veth.
+func (r *remoteNode) start(extra ...string) {
+	r.t.Helper()
+	_, log := r.node.start(append([]string{"--kubeconfig", r.kubecfg, "--inventory-proof-timeout", "2s", "--admin-forces-per-minute", "1000"}, extra...)...)
+	r.waitReady(log)
+}
+
+// partition drops every packet between the node and the API server, sending
+// no reset: watches hang and no read fails, as in a network partition.
+func (r *remoteNode) partition(t *testing.T) func() {
+	t.Helper()
+	c, err := nftables.New(nftables.WithNetNSFd(int(r.ns.File.Fd())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	table := c.AddTable(&nftables.Table{Family: nftables.TableFamilyIPv4, Name: "galactic_partition"})
+	for _, dir := range []struct {
+		hook   *nftables.ChainHook
+		offset uint32 // of the API server's address: daddr out, saddr in
+	}{{nftables.ChainHookOutput, 16}, {nftables.ChainHookInput, 12}} {
+		chain := c.AddChain(&nftables.Chain{Name: "drop" + strconv.Itoa(int(dir.offset)), Table: table, Type: nftables.ChainTypeFilter,
+			Hooknum: dir.hook, Priority: nftables.ChainPriorityFilter})
+		c.AddRule(&nftables.Rule{Table: table, Chain: chain, Exprs: []expr.Any{
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: dir.offset, Len: 4},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: net.ParseIP(apiAddr).To4()},
+			&expr.Verdict{Kind: expr.VerdictDrop},
+		}})
+	}
+	if err := c.Flush(); err != nil {
+		t.Fatalf("partition: %v", err)
+	}
+	healed := false
+	heal := func() {
+		if healed {
+			return
+		}
+		healed = true
+		c.DelTable(table)
+		if err := c.Flush(); err != nil {
+			t.Errorf("heal the partition: %v", err)
+		}
+	}
+	t.Cleanup(heal)
+	return heal
+}
+
+func (r *remoteNode) pending(name string) bool {
+	r.t.Helper()
+	_, body := r.call("GET", "/v1/taps/pending", readToken)
+	return strings.Contains(string(body), name)
+}
+
+// A node cut off from the API server, with no reset, keeps completing passes
+// on what its watches last delivered. It must remove nothing while cut off,
+// even a candidate whose attachment was created at the API server meanwhile,
+// and its first healthy pass after the partition only marks.
+func TestAPartitionedNodeRemovesNothing(t *testing.T) {
+	cluster := clustertest.Shared(t)
+	cluster.DeleteAll(t, inventory.AttachmentResource)
+	t.Cleanup(func() { cluster.DeleteAll(t, inventory.AttachmentResource) })
+	cluster.Apply(t, inventory.AttachmentResource, clustertest.Attachment("tenant-a", "web-1", "a", "1"))
+	r := newRemoteNode(t, cluster)
+	r.tapAdd("1", "sandbox-1")
+	r.tapAdd("3", "sandbox-3")
+	r.start("--inventory-max-age", "4s")
+	r.force("")
+	if !r.pending("G00000000a003H") {
+		t.Fatal("the stale tap is not a candidate")
+	}
+
+	heal := r.partition(t)
+	cluster.Apply(t, inventory.AttachmentResource, clustertest.Attachment("tenant-a", "web-3", "a", "3"))
+	// A pass that would remove is skipped and forgets its candidates, so
+	// the next only marks again: they alternate.
+	for i := range 4 {
+		rep := r.force("")
+		if !r.exists("G00000000a003H") || len(rep.Reclaimed) != 0 {
+			t.Fatalf("pass %d during the partition removed a tap: %+v", i, rep)
+		}
+		if i%2 == 0 && (rep.Result != "skipped" || !strings.Contains(rep.Reason, "not proven current")) {
+			t.Fatalf("pass %d during the partition: %+v, want skipped, not proven current", i, rep)
+		}
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		code, body := r.callFresh("GET", "/readyz", "")
+		if code == 503 && strings.Contains(string(body), "not proven current") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("readyz during the partition: %d %s", code, body)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+
+	// The attachment goes again before the partition heals: the tap is
+	// stale once more, and must still wait for two healthy passes.
+	cluster.Delete(t, inventory.AttachmentResource, "tenant-a", "web-3")
+	heal()
+	if rep := r.force(""); r.exists("G00000000a003H") == false || len(rep.Reclaimed) != 0 {
+		t.Fatalf("the first pass after the partition removed the tap: %+v", rep)
+	}
+	deadline = time.Now().Add(30 * time.Second)
+	for r.exists("G00000000a003H") {
+		if time.Now().After(deadline) {
+			t.Fatal("the healed node never reclaimed the stale tap")
+		}
+		time.Sleep(200 * time.Millisecond)
+		r.force("")
+	}
+	if !r.exists("G00000000a001H") {
+		t.Fatal("the live tap was removed")
+	}
+}
+
+// apiServerPID finds the kube-apiserver of cluster by its certificate folder.
+func apiServerPID(t *testing.T, cluster *clustertest.Cluster) int {
+	t.Helper()
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(string(cmdline), "\x00")
+		if strings.HasSuffix(args[0], "kube-apiserver") && strings.Contains(string(cmdline), cluster.Env.ControlPlane.APIServer.CertDir) {
+			var pid int
+			for _, c := range e.Name() {
+				pid = pid*10 + int(c-'0')
+			}
+			return pid
+		}
+	}
+	t.Fatal("no kube-apiserver process of this cluster")
+	return 0
+}
+
+// After a SIGKILL of the API server nothing is removed, including by a pass
+// already running when the kill came (held here on the VRF lock, so that it
+// reaches its proof after the kill).
+func TestAKilledAPIServerStopsEveryRemoval(t *testing.T) {
+	cluster := clustertest.Start(t)
+	t.Cleanup(func() { _ = cluster.Env.Stop() })
+	cluster.Apply(t, inventory.AttachmentResource, clustertest.Attachment("tenant-a", "web-1", "a", "1"))
+	r := newRemoteNode(t, cluster)
+	r.tapAdd("1", "sandbox-1")
+	r.tapAdd("3", "sandbox-3")
+	r.start()
+	r.force("")
+
+	lockFile := filepath.Join(r.dir, "locks", "G00000000aV.lock")
+	holder := exec.Command("flock", "-o", lockFile, "sleep", "3600")
+	holder.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := holder.Start(); err != nil {
+		t.Fatal(err)
+	}
+	release := func() { _ = syscall.Kill(-holder.Process.Pid, syscall.SIGKILL); _ = holder.Wait() }
+	t.Cleanup(release)
+	time.Sleep(200 * time.Millisecond)
+	inFlight := make(chan passReport, 1)
+	go func() { inFlight <- r.force("") }()
+	time.Sleep(300 * time.Millisecond) // the pass is now waiting for the lock
+
+	if err := syscall.Kill(apiServerPID(t, cluster), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	release()
+	if rep := <-inFlight; !r.exists("G00000000a003H") || len(rep.Reclaimed) != 0 {
+		t.Fatalf("the pass running when the API server was killed removed the tap: %+v", rep)
+	}
+	for i := range 3 {
+		if rep := r.force(""); !r.exists("G00000000a003H") || len(rep.Reclaimed) != 0 {
+			t.Fatalf("pass %d after the kill removed the tap: %+v", i, rep)
+		}
+	}
+}
+
+// Deleting an attachment, re-creating it and forcing a pass at once must
+// never remove its tap, however far the node's cache is behind.
+func TestARecreatedAttachmentKeepsItsTapEveryTime(t *testing.T) {
+	cluster := clustertest.Shared(t)
+	cluster.DeleteAll(t, inventory.AttachmentResource)
+	t.Cleanup(func() { cluster.DeleteAll(t, inventory.AttachmentResource) })
+	cluster.Apply(t, inventory.AttachmentResource, clustertest.Attachment("tenant-a", "web-1", "a", "1"))
+	cluster.Apply(t, inventory.AttachmentResource, clustertest.Attachment("tenant-a", "web-3", "a", "3"))
+	r := newRemoteNode(t, cluster)
+	r.tapAdd("3", "sandbox-3")
+	r.start()
+	for i := range 20 {
+		cluster.Delete(t, inventory.AttachmentResource, "tenant-a", "web-3")
+		deadline := time.Now().Add(10 * time.Second)
+		for !r.pending("G00000000a003H") {
+			if time.Now().After(deadline) {
+				t.Fatalf("round %d: the tap never became a candidate", i)
+			}
+			r.force("")
+		}
+		cluster.Apply(t, inventory.AttachmentResource, clustertest.Attachment("tenant-a", "web-3", "a", "3"))
+		if rep := r.force(""); !r.exists("G00000000a003H") || len(rep.Reclaimed) != 0 {
+			t.Fatalf("round %d: a pass right after the re-create removed the tap: %+v", i, rep)
+		}
+	}
+}
+
+// A node that lost list on VPCAttachments keeps its open watch, but must not
+// remove anything on it: the pass is skipped, naming the 403.
+func TestARevokedListStopsRemovals(t *testing.T) {
+	cluster := clustertest.Shared(t)
+	cluster.DeleteAll(t, inventory.AttachmentResource)
+	t.Cleanup(func() { cluster.DeleteAll(t, inventory.AttachmentResource) })
+	cluster.Apply(t, inventory.AttachmentResource, clustertest.Attachment("tenant-a", "web-1", "a", "1"))
+	r := newRemoteNode(t, cluster)
+	r.tapAdd("3", "sandbox-3")
+	r.start()
+	r.force("")
+
+	r.grant(t, []string{"watch"})
+	u, err := cluster.Env.AddUser(envtest.User{Name: r.user}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dc, err := dynamic.NewForConfig(u.Config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, err := dc.Resource(inventory.AttachmentResource).List(context.Background(), metav1.ListOptions{Limit: 1})
+		if apierrors.IsForbidden(err) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the revocation never took effect: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	rep := r.force("")
+	if !r.exists("G00000000a003H") || rep.Result != "skipped" || !strings.Contains(rep.Reason, "403") {
+		t.Fatalf("a pass with list revoked: %+v", rep)
+	}
+}
