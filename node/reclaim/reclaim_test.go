@@ -379,7 +379,9 @@ type proverInventory struct {
 	proofs        int
 }
 
-func (p *proverInventory) Snapshot(ctx context.Context) inventory.Snapshot { return p.cache.Snapshot(ctx) }
+func (p *proverInventory) Snapshot(ctx context.Context) inventory.Snapshot {
+	return p.cache.Snapshot(ctx)
+}
 
 func (p *proverInventory) Prove(ctx context.Context) (inventory.Snapshot, error) {
 	p.proofs++
