@@ -75,7 +75,7 @@ func (f *fakeBackend) ForcePass(_ context.Context, dryRun bool) reclaim.Report {
 	return reclaim.Report{Result: reclaim.ResultCompleted, DryRun: dryRun}
 }
 func (f *fakeBackend) Reports() []reclaim.Report { f.touched.Add(1); return nil }
-func (f *fakeBackend) Maps() ([]agent.MapView, error) {
+func (f *fakeBackend) Maps(context.Context) ([]agent.MapView, error) {
 	f.touched.Add(1)
 	return []agent.MapView{{Layout: datapath.Layout{Name: "traffic_policy"}}}, nil
 }

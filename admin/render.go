@@ -99,10 +99,10 @@ func reportRows(reps []reclaim.Report) tabular {
 }
 
 func mapRows(maps []agent.MapView) tabular {
-	t := tabular{items: maps, header: []string{"NAME", "TYPE", "KEY", "VALUE", "MAX", "ROWS", "PER INTERFACE"}}
+	t := tabular{items: maps, header: []string{"NAME", "TYPE", "KEY", "VALUE", "MAX", "ROWS", "ORPHANS", "PER INTERFACE"}}
 	for _, m := range maps {
 		t.rows = append(t.rows, []string{m.Name, m.Type, strconv.Itoa(int(m.KeySize)), strconv.Itoa(int(m.ValueSize)),
-			strconv.Itoa(int(m.MaxEntries)), strconv.Itoa(m.Rows), strconv.FormatBool(m.PerInterface)})
+			strconv.Itoa(int(m.MaxEntries)), strconv.Itoa(m.Rows), strconv.Itoa(m.Orphans), strconv.FormatBool(m.PerInterface)})
 	}
 	return t
 }

@@ -39,7 +39,7 @@ type Backend interface {
 	Pending() []reclaim.Pending
 	ForcePass(ctx context.Context, dryRun bool) reclaim.Report
 	Reports() []reclaim.Report
-	Maps() ([]agent.MapView, error)
+	Maps(ctx context.Context) ([]agent.MapView, error)
 	MapRows(name string, ifindex uint32, limit int) ([]datapath.Row[any, any], error)
 	InterfaceRows(ifindex uint32) (attachreg.InterfaceRows, error)
 }
@@ -357,7 +357,7 @@ func (h *handler) force(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *handler) maps(w http.ResponseWriter, r *http.Request) {
-	maps, err := h.b.Maps()
+	maps, err := h.b.Maps(r.Context())
 	if err != nil {
 		writeError(w, r, http.StatusInternalServerError, err.Error())
 		return

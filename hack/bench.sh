@@ -17,6 +17,7 @@ run() { # run PKG REGEX BENCHTIME
 }
 run ./node/link 'Dump1000Taps$' 10x
 run ./ebpf/datapath 'Dump16384Rows' 10x
+run ./node/attachreg 'OrphanScan16384Rows' 10x
 run ./node/reclaim 'PassWithNoRemovals' 5x
 run ./node/reclaim 'Remove1000ConfirmedTaps' 2x
 run ./node/reclaim 'APIRequestsPerSteadyStatePass' 20x
@@ -47,6 +48,7 @@ run ./integration 'DaemonRSS' 3x
 	echo "bare client-go deletes for hubctl. The inventory figure is the file source, which caches the"
 	echo "same trimmed objects as the informers; API requests per pass are counted against a real API server."
 	echo "unproved = the same removing pass over the same informers without the consistent read of the API"
-	echo "server (1,000 VPCAttachments) that must precede every removal."
+	echo "server (1,000 VPCAttachments) that must precede every removal. batch-dump = one batch dump of every"
+	echo "per-interface map, the peer of the orphan scan (16,384 ifindex_vrf rows, 1% orphans)."
 } > bench/RESULTS.md
 echo "wrote bench/RESULTS.md" >&2

@@ -225,6 +225,9 @@ func runDaemon(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	reclaimer := reclaim.New(conn, inv, registry, locks, metrics, log, rcfg)
 	ag := &agent.Agent{Links: conn, Inventory: inv, Reclaimer: reclaimer, Registry: registry, Datapath: dp, Holders: holders, MaxInventoryAge: f.inventoryMaxAge}
+	if err := reg.Register(ag.MapCollector()); err != nil {
+		return err
+	}
 
 	var servers []*http.Server
 	defer func() {

@@ -167,10 +167,17 @@ type MapView struct {
 	datapath.Layout
 	Rows         int  `json:"rows"`
 	PerInterface bool `json:"perInterface"`
+	// Orphans counts the map's rows keyed by an ifindex that has no link:
+	// what the orphan collection will clear.
+	Orphans int `json:"orphans"`
 }
 
 // Maps describes every map of the datapath.
-func (a *Agent) Maps() ([]MapView, error) {
+func (a *Agent) Maps(ctx context.Context) ([]MapView, error) {
+	orphans, err := a.orphansByMap(ctx)
+	if err != nil {
+		return nil, err
+	}
 	per := a.Registry.PerInterfaceMaps()
 	var out []MapView
 	for _, t := range a.Datapath.Tables() {
@@ -178,7 +185,33 @@ func (a *Agent) Maps() ([]MapView, error) {
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, MapView{Layout: t.Layout(), Rows: len(rows), PerInterface: slices.Contains(per, t.Name())})
+		out = append(out, MapView{Layout: t.Layout(), Rows: len(rows), PerInterface: slices.Contains(per, t.Name()), Orphans: orphans[t.Name()]})
+	}
+	return out, nil
+}
+
+// orphansByMap counts, per map, the rows of ifindexes that have no link.
+func (a *Agent) orphansByMap(ctx context.Context) (map[string]int, error) {
+	links, err := a.Links.Links(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("count orphan rows: %w", err)
+	}
+	live := make(map[uint32]bool, len(links))
+	for _, l := range links {
+		live[l.Index] = true
+	}
+	regs, err := a.Registry.Registered()
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]int{}
+	for _, r := range regs {
+		if live[r.Ifindex] {
+			continue
+		}
+		for m, n := range r.Rows {
+			out[m] += n
+		}
 	}
 	return out, nil
 }

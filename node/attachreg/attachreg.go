@@ -9,12 +9,14 @@
 package attachreg
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -95,6 +97,7 @@ type perInterfaceMap struct {
 	name   string
 	rows   func(ifindex uint32) (any, bool, error) // the rows, whether any exist
 	delete func(ifindex uint32) error              // idempotent
+	count  func() (map[uint32]int, error)          // rows by ifindex, one batch dump
 }
 
 func (r *Registry) perInterfaceMaps() []perInterfaceMap {
@@ -106,6 +109,14 @@ func (r *Registry) perInterfaceMaps() []perInterfaceMap {
 		keyed(d.TenantGateway),
 		{
 			name: d.HostOnlyPort.Name(),
+			count: func() (map[uint32]int, error) {
+				rows, err := d.HostOnlyPort.Dump(0)
+				out := make(map[uint32]int, len(rows))
+				for _, row := range rows {
+					out[row.Key.Ifindex]++
+				}
+				return out, err
+			},
 			rows: func(ifindex uint32) (any, bool, error) {
 				ports, err := r.hostPorts(ifindex)
 				return ports, len(ports) > 0, err
@@ -143,6 +154,14 @@ func keyed[V any](t *datapath.Table[uint32, V]) perInterfaceMap {
 				return err
 			}
 			return nil
+		},
+		count: func() (map[uint32]int, error) {
+			rows, err := t.Dump(0)
+			out := make(map[uint32]int, len(rows))
+			for _, row := range rows {
+				out[row.Key]++
+			}
+			return out, err
 		},
 	}
 }
@@ -407,4 +426,70 @@ func (r *Registry) PerInterfaceMaps() []string {
 		names = append(names, m.name)
 	}
 	return names
+}
+
+// Registered is one interface the pinned maps or link pins hold anything of.
+type Registered struct {
+	Ifindex uint32 `json:"ifindex"`
+	// Identity is what its ifindex_vrf row names; the zero identity when
+	// that row is missing.
+	Identity identity.Identity `json:"identity"`
+	Rows     map[string]int    `json:"rows"` // rows by map
+	Pinned   bool              `json:"pinned"`
+}
+
+// Registered lists every interface that any per-interface map holds a row
+// of or whose TCX link is pinned, with one batch dump per map: the input of
+// the orphan collection, which compares it with the links that exist.
+func (r *Registry) Registered() ([]Registered, error) {
+	byIndex := make(map[uint32]*Registered, 1024)
+	get := func(ifindex uint32) *Registered {
+		reg, ok := byIndex[ifindex]
+		if !ok {
+			reg = &Registered{Ifindex: ifindex, Rows: map[string]int{}}
+			byIndex[ifindex] = reg
+		}
+		return reg
+	}
+	// ifindex_vrf is read whole, for the identity each row names.
+	vrfMap := r.dp.IfindexVRF.Name()
+	bindings, err := r.dp.IfindexVRF.Dump(0)
+	if err != nil {
+		return nil, fmt.Errorf("list registered interfaces: map %s: %w", vrfMap, err)
+	}
+	for _, b := range bindings {
+		reg := get(b.Key)
+		reg.Identity = identity.Identity{VPC: b.Value.VPC, Attachment: b.Value.Attachment}
+		reg.Rows[vrfMap] = 1
+	}
+	for _, m := range r.perInterfaceMaps() {
+		if m.name == vrfMap {
+			continue
+		}
+		counts, err := m.count()
+		if err != nil {
+			return nil, fmt.Errorf("list registered interfaces: map %s: %w", m.name, err)
+		}
+		for ifindex, n := range counts {
+			get(ifindex).Rows[m.name] = n
+		}
+	}
+	pins, err := os.ReadDir(filepath.Join(r.dp.PinDir(), linkPinSubdir))
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("list registered interfaces: tcx links: %w", err)
+	}
+	for _, p := range pins {
+		digits, ok := strings.CutPrefix(p.Name(), "tcx_ingress_")
+		n, err := strconv.ParseUint(digits, 10, 32)
+		if !ok || err != nil || n == 0 {
+			continue // not a pin this package made
+		}
+		get(uint32(n)).Pinned = true
+	}
+	out := make([]Registered, 0, len(byIndex))
+	for _, reg := range byIndex {
+		out = append(out, *reg)
+	}
+	slices.SortFunc(out, func(a, b Registered) int { return cmp.Compare(a.Ifindex, b.Ifindex) })
+	return out, nil
 }

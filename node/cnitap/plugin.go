@@ -160,6 +160,9 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 		if err != nil {
 			return err
 		}
+		if len(own) == 0 && inv.hasIdentity {
+			return p.clearGone(ctx, e, inv)
+		}
 		var targets []teardown.Target
 		for _, t := range own {
 			if t.Alias != inv.containerID {
@@ -180,6 +183,33 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 		}
 		return failures("DEL", out)
 	})
+}
+
+// clearGone clears what ADD registered for the identity when its tap is
+// already gone (deleted by something else): the rows whose ifindex_vrf row
+// names the identity and whose ifindex has no link, and their pin.
+func (p *Plugin) clearGone(ctx context.Context, e *env, inv *invocation) error {
+	regs, err := e.reg.Registered()
+	if err != nil {
+		return err
+	}
+	var gone []teardown.Gone
+	for _, r := range regs {
+		if r.Identity == inv.identity {
+			gone = append(gone, teardown.Gone{Ifindex: r.Ifindex, Identity: r.Identity})
+		}
+	}
+	if len(gone) == 0 {
+		return nil
+	}
+	cleared, _, failed := e.remover(p.Log).ClearGone(ctx, gone, false)
+	for _, g := range cleared {
+		p.Log.Info("DEL cleared the rows of a tap already gone", "container", inv.containerID, "identity", inv.identity.String(), "ifindex", g.Ifindex)
+	}
+	if err := errors.Join(failed...); err != nil {
+		return types.NewError(types.ErrInternal, "DEL could not clear the rows of a gone tap", err.Error())
+	}
+	return nil
 }
 
 // failures is the CNI error for the targets a teardown could not finish,

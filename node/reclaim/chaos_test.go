@@ -52,8 +52,10 @@ func (m *midBatchLinks) Set(ctx context.Context, index uint32, ch link.Change) e
 // a VMM may open a tap the moment it joins a removal's link group. After
 // every pass it checks: no tap that was held or whose identity an object
 // carried during the pass was removed; every tap that survived has the rows
-// and attachment it was made with; and every tap stale for two healthy,
-// fault-free passes at least the minimum age apart is gone. It returns the
+// and attachment it was made with (rows of a live interface are never
+// removed); every tap stale for two healthy, fault-free passes at least the
+// minimum age apart is gone; and the rows and pin of a tap deleted behind
+// the node's back are gone after two healthy, fault-free passes. It returns the
 // first violation. breakIt, if set, breaks the reclaimer first.
 func nodeChaos(t *testing.T, seed uint64, ops int, breakIt func(*reclaim.Reclaimer)) error {
 	rng := rand.New(rand.NewPCG(seed, seed^0x5bd1e995))
@@ -81,6 +83,7 @@ func nodeChaos(t *testing.T, seed uint64, ops int, breakIt func(*reclaim.Reclaim
 			ids = append(ids, identity.Identity{VPC: identity.VPC(70 + v), Attachment: identity.Attachment(a + 1)})
 		}
 	}
+	orphans := map[uint32]int{}                 // ifindex of a tap deleted behind the node's back: healthy passes since
 	attached := map[identity.Identity]bool{}   // a VPCAttachment carries it
 	advertised := map[identity.Identity]bool{} // a BGPAdvertisement carries it
 	apiUp := true
@@ -147,6 +150,22 @@ func nodeChaos(t *testing.T, seed uint64, ops int, breakIt func(*reclaim.Reclaim
 				}
 			}
 		}
+		for ifindex, runs := range orphans {
+			if rows := s.rowsOf(ifindex); rows == 0 {
+				delete(orphans, ifindex)
+				continue
+			}
+			switch {
+			case !healthy:
+				orphans[ifindex] = 0
+			case faulty:
+			default:
+				orphans[ifindex] = runs + 1
+				if runs+1 >= 2 {
+					return fmt.Errorf("step %d: rows of ifindex %d, deleted behind the node's back, left after two healthy passes (report %+v)", step, ifindex, rep)
+				}
+			}
+		}
 		return nil
 	}
 
@@ -187,7 +206,19 @@ func nodeChaos(t *testing.T, seed uint64, ops int, breakIt func(*reclaim.Reclaim
 			}
 			taps[id].rows = s.rowsJSON(taps[id].tap.Index)
 		case r < 26 && m != nil && m.holder == nil:
-			// CNI DEL, or the tap vanishing some other way.
+			// CNI DEL, or the tap deleted behind the node's back, leaving
+			// its rows and pin for the orphan collection.
+			if rng.IntN(2) == 0 {
+				if err := s.conn.DeleteVerified(ctx, link.Expect{Index: m.tap.Index, Name: m.tap.Name, Alias: m.tap.Alias}); err != nil && !errors.Is(err, link.ErrLinkGone) {
+					return err
+				}
+				if m.rows != s.rowsJSON(m.tap.Index) {
+					return fmt.Errorf("step %d: rows of %s changed as its link was deleted", step, m.tap.Name)
+				}
+				orphans[m.tap.Index] = 0
+				delete(taps, id)
+				continue
+			}
 			if err := s.reg.Registry.UnregisterInterface(ctx, m.tap.Index); err != nil { // not through the fault seam
 				return err
 			}

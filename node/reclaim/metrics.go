@@ -34,7 +34,11 @@ type Metrics struct {
 	passDuration prometheus.Histogram
 	lastPass     prometheus.Gauge
 	malformed    *prometheus.GaugeVec
+	orphanRows   *prometheus.CounterVec
 }
+
+// tcxLinkLabel is the map label of a cleared TCX link pin.
+const tcxLinkLabel = "tcx_link"
 
 // NewMetrics creates the metrics and registers them on reg.
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
@@ -68,6 +72,10 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "galactic_cni_inventory_malformed_objects",
 			Help: "1 for each object, named by its labels, whose identity fields are set but cannot be read; while any is listed, passes remove nothing.",
 		}, []string{"kind", "namespace", "name"}),
+		orphanRows: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "galactic_cni_orphan_ebpf_rows_removed_total",
+			Help: "eBPF rows (and, as map=\"tcx_link\", TCX link pins) of interfaces deleted behind the node's back, cleared by the orphan collection.",
+		}, []string{"map"}),
 	}
 	for _, s := range []string{StageLock, StageVerify, StageRows, StageLink} {
 		m.failures.WithLabelValues(s)
@@ -75,7 +83,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	for _, r := range []string{ResultCompleted, ResultSkipped, ResultFailed} {
 		m.passes.WithLabelValues(r)
 	}
-	for _, c := range []prometheus.Collector{m.pending, m.reclaimed, m.failures, m.passes, m.passDuration, m.lastPass, m.malformed} {
+	for _, c := range []prometheus.Collector{m.pending, m.reclaimed, m.failures, m.passes, m.passDuration, m.lastPass, m.malformed, m.orphanRows} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -1,7 +1,9 @@
 // Package reclaim removes tenant taps that outlived their VPCAttachment: a
 // stamped tap that nothing holds and whose (VPC, attachment) identity no
 // VPCAttachment and no BGPAdvertisement carries, seen so by two consecutive
-// passes with the same ifindex, name and owner stamp.
+// passes with the same ifindex, name and owner stamp. Each completed pass
+// also clears the eBPF rows and TCX pins of interfaces deleted behind the
+// node's back, once two passes found their ifindex without a link.
 //
 // Every rule errs on the side of keeping a tap. A pass removes nothing unless
 // the inventory is healthy; a candidate is removed only by the pass after the
@@ -82,6 +84,7 @@ type Reclaimer struct {
 
 	mu         sync.Mutex // guards what views read between passes
 	candidates map[uint32]candidate
+	orphans    map[uint32]orphan
 	history    []Report
 }
 
@@ -244,6 +247,7 @@ func (r *Reclaimer) pass(ctx context.Context, opts PassOptions) Report {
 	r.mu.Lock()
 	r.candidates = next
 	r.mu.Unlock()
+	r.collectOrphans(ctx, links, opts.DryRun, &rep)
 	rep.Result = ResultCompleted
 	return rep
 }

@@ -2,10 +2,12 @@ package reclaim
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/datum-cloud/galactic-node/node/attachreg"
 	"github.com/datum-cloud/galactic-node/node/holder"
 	"github.com/datum-cloud/galactic-node/node/identity"
 	"github.com/datum-cloud/galactic-node/node/inventory"
@@ -423,5 +425,59 @@ func TestRemovalRestsOnAnInventoryProvenCurrent(t *testing.T) {
 	}
 	if rep := h.pass(t); h.links.has(idx) || len(rep.Reclaimed) != 1 {
 		t.Fatalf("then the next removes: %+v", rep)
+	}
+}
+
+// listingRegistry is fakeRegistry that also lists registered interfaces,
+// for unit tests of the orphan collection; the integration tests run the
+// real registry over pinned maps.
+type listingRegistry struct {
+	*fakeRegistry
+	regs []attachreg.Registered
+}
+
+func (l *listingRegistry) Registered() ([]attachreg.Registered, error) {
+	var out []attachreg.Registered
+	for _, r := range l.regs {
+		if !slices.Contains(l.unregistered, r.Ifindex) {
+			out = append(out, r)
+		}
+	}
+	return out, nil
+}
+
+// Guards the orphan collection: rows of a live ifindex are never cleared,
+// an orphan goes only on its second sighting, and one whose ifindex has a
+// link again at the recheck is kept.
+func TestOrphanRowsGoOnTheSecondSightingAndLiveRowsNever(t *testing.T) {
+	h := newHarness(liveInventory(), Config{})
+	liveIdx := h.links.addTap(live, "sandbox-1", 1, 0)
+	reg := &listingRegistry{fakeRegistry: h.reg, regs: []attachreg.Registered{
+		{Ifindex: liveIdx, Identity: live, Rows: map[string]int{"ifindex_vrf": 1}, Pinned: true},
+		{Ifindex: 900, Identity: stale, Rows: map[string]int{"ifindex_vrf": 1, "host_only_port": 2}, Pinned: true},
+		{Ifindex: 901, Rows: map[string]int{"egress_kind": 1}},
+	}}
+	h.r.reg = reg
+	rep := h.pass(t)
+	if len(rep.Orphans) != 2 || len(rep.OrphansCleared) != 0 || len(h.reg.unregistered) != 0 {
+		t.Fatalf("first sighting: %+v, unregistered %v", rep, h.reg.unregistered)
+	}
+	// 901 gets a link back before the second pass reads the links.
+	h.links.onVerify = func(f *fakeLinks, i uint32) {
+		if i == 901 {
+			f.mu.Lock()
+			f.links[901] = link.Link{Index: 901, Name: "back0", Kind: "veth"}
+			f.mu.Unlock()
+		}
+	}
+	rep = h.pass(t)
+	if len(rep.OrphansCleared) != 1 || rep.OrphansCleared[0].Ifindex != 900 || !slices.Equal(h.reg.unregistered, []uint32{900}) {
+		t.Fatalf("second sighting: %+v, unregistered %v", rep, h.reg.unregistered)
+	}
+	for range 2 {
+		h.pass(t)
+	}
+	if slices.Contains(h.reg.unregistered, liveIdx) || slices.Contains(h.reg.unregistered, 901) {
+		t.Fatalf("rows of a live ifindex were cleared: %v", h.reg.unregistered)
 	}
 }

@@ -28,6 +28,13 @@ type Report struct {
 	Kept         []Kept            `json:"kept"`
 	Failed       []Failure         `json:"failed"`
 	RolledOver   int               `json:"rolledOver"`
+
+	// Orphans are interfaces whose rows or pin outlived their link, as
+	// this pass found them; a second sighting clears them.
+	Orphans           []OrphanReport `json:"orphans,omitempty"`
+	OrphansCleared    []OrphanReport `json:"orphansCleared,omitempty"`
+	OrphansWouldClear []OrphanReport `json:"orphansWouldClear,omitempty"`
+	OrphanErrors      []string       `json:"orphanErrors,omitempty"`
 }
 
 // Inputs counts what a pass read.

@@ -139,11 +139,7 @@ type Remover struct {
 // Remove removes every target that passes every check, and reports each.
 func (rm *Remover) Remove(ctx context.Context, targets []Target, opts Options) Outcome {
 	var out Outcome
-	log := rm.Log
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	o := &run{rm: rm, log: log, opts: opts, out: &out}
+	o := &run{rm: rm, log: rm.log(), opts: opts, out: &out}
 	unlock := o.lock(ctx, targets)
 	defer unlock()
 	if len(o.locked) == 0 {
@@ -216,11 +212,7 @@ func (o *run) lock(ctx context.Context, targets []Target) func() {
 	for _, t := range targets {
 		byVPC[t.Identity.VPC] = append(byVPC[t.Identity.VPC], t)
 	}
-	timeout := o.rm.LockTimeout
-	if timeout <= 0 {
-		timeout = 10 * time.Second
-	}
-	lockCtx, cancel := context.WithTimeout(ctx, timeout)
+	lockCtx, cancel := context.WithTimeout(ctx, o.rm.lockTimeout())
 	defer cancel()
 	var unlocks []func()
 	for _, vpc := range slices.Sorted(maps.Keys(byVPC)) {
