@@ -83,7 +83,7 @@ func nodeChaos(t *testing.T, seed uint64, ops int, breakIt func(*reclaim.Reclaim
 			ids = append(ids, identity.Identity{VPC: identity.VPC(70 + v), Attachment: identity.Attachment(a + 1)})
 		}
 	}
-	orphans := map[uint32]int{}                 // ifindex of a tap deleted behind the node's back: healthy passes since
+	orphans := map[uint32]int{}                // ifindex of a tap deleted behind the node's back: healthy passes since
 	attached := map[identity.Identity]bool{}   // a VPCAttachment carries it
 	advertised := map[identity.Identity]bool{} // a BGPAdvertisement carries it
 	apiUp := true
