@@ -58,6 +58,12 @@ func Load(bpffs string) (*Datapath, error) {
 	if err := spec.LoadAndAssign(&d.objs, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: pinDir}}); err != nil {
 		return nil, fmt.Errorf("load datapath from %s: %w", pinDir, err)
 	}
+	d.assignTables()
+	return d, nil
+}
+
+// assignTables gives each loaded map its typed Table.
+func (d *Datapath) assignTables() {
 	m := &d.objs.datapathMaps
 	u32 := func(k uint32) (uint32, error) {
 		if k == 0 {
@@ -82,7 +88,6 @@ func Load(bpffs string) (*Datapath, error) {
 	d.Decisions = newTable("decisions", m.Decisions, DecisionKey.raw, decisionKeyFrom, ok, u64)
 	d.Unattributed = newTable("unattributed", m.Unattributed,
 		func(r Reason) (uint32, error) { return uint32(r), nil }, func(k uint32) Reason { return Reason(k) }, ok, u64)
-	return d, nil
 }
 
 // Close releases this process's handles. Pinned maps, and their rows, stay.
