@@ -82,6 +82,12 @@ type Reclaimer struct {
 
 	passMu sync.Mutex // serialises passes
 
+	// unproven is the error of the last failed proof that the inventory
+	// is current, until a proof succeeds again: meanwhile every pass tries
+	// one first and, failing, removes nothing and marks nothing, so the
+	// first pass after a partition heals only marks. Only passes touch it.
+	unproven error
+
 	mu         sync.Mutex // guards what views read between passes
 	candidates map[uint32]candidate
 	orphans    map[uint32]orphan
@@ -187,6 +193,13 @@ func (r *Reclaimer) pass(ctx context.Context, opts PassOptions) Report {
 		return rep
 	}
 
+	if err := r.reprove(ctx); err != nil {
+		rep.Result, rep.Reason = ResultSkipped, "nothing removed and every candidate forgotten: "+err.Error()
+		r.log.Warn("reclaim pass removed nothing", "reason", rep.Reason)
+		r.forget()
+		return rep
+	}
+
 	now := time.Now()
 	r.mu.Lock()
 	prev := r.candidates
@@ -235,6 +248,7 @@ func (r *Reclaimer) pass(ctx context.Context, opts PassOptions) Report {
 	}
 	if len(confirmed) > 0 {
 		if err := r.remove(ctx, confirmed, links, opts.DryRun, &rep); err != nil {
+			r.unproven = err
 			rep.Result, rep.Reason = ResultSkipped, "nothing removed and every candidate forgotten: "+err.Error()
 			r.log.Warn("reclaim pass removed nothing", "reason", rep.Reason)
 			r.forget()
@@ -250,6 +264,28 @@ func (r *Reclaimer) pass(ctx context.Context, opts PassOptions) Report {
 	r.collectOrphans(ctx, links, opts.DryRun, &rep)
 	rep.Result = ResultCompleted
 	return rep
+}
+
+// reprove, after a failed proof, proves the inventory current again before
+// the pass may even mark: what a partitioned node's cache says is not a
+// sighting. It makes no request while no proof has failed.
+func (r *Reclaimer) reprove(ctx context.Context) error {
+	p, ok := r.inv.(inventory.Prover)
+	if r.unproven == nil || !ok {
+		return nil
+	}
+	pctx, cancel := context.WithTimeout(ctx, r.cfg.ProveTimeout)
+	defer cancel()
+	proof, err := p.Prove(pctx)
+	if err == nil {
+		err = proof.Healthy()
+	}
+	if err != nil {
+		return fmt.Errorf("inventory still not proven current (first failure: %v): %w", r.unproven, err)
+	}
+	r.log.Info("inventory proven current again", "after", r.unproven)
+	r.unproven = nil
+	return nil
 }
 
 // forget drops every candidate: the next healthy pass only marks.

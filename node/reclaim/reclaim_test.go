@@ -419,6 +419,9 @@ func TestRemovalRestsOnAnInventoryProvenCurrent(t *testing.T) {
 	if !h.links.has(idx) || rep.Result != ResultSkipped || !strings.Contains(rep.Reason, errInjected.Error()) || len(h.r.Pending()) != 0 {
 		t.Fatalf("a failed proof: %+v, pending %v", rep, h.r.Pending())
 	}
+	if rep := h.pass(t); rep.Result != ResultSkipped || len(rep.Candidates) != 0 {
+		t.Fatalf("a pass while the origin still cannot be read must mark nothing: %+v", rep)
+	}
 	inv.proveErr = nil
 	if rep := h.pass(t); !h.links.has(idx) || len(rep.Confirmed) != 0 {
 		t.Fatalf("the first pass after a failed proof must only mark: %+v", rep)
