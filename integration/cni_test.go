@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -32,10 +33,23 @@ type cniHost struct {
 	host, ctr *nettest.NS
 	bpffs     string
 	locks     string
+	dataDir   string
 }
 
+// newCNIHost makes the scene with the node daemon's pins in place, as the
+// plugin requires (it never creates maps itself), and its lock folder.
 func newCNIHost(t *testing.T) *cniHost {
-	return &cniHost{t: t, host: nettest.NewNS(t), ctr: nettest.NewNS(t), bpffs: nettest.BPFFS(t), locks: filepath.Join(t.TempDir(), "locks")}
+	h := &cniHost{t: t, host: nettest.NewNS(t), ctr: nettest.NewNS(t), bpffs: nettest.BPFFS(t),
+		locks: filepath.Join(t.TempDir(), "locks"), dataDir: filepath.Join(t.TempDir(), "cni-state")}
+	dp, err := datapath.Load(h.bpffs) // stands in for the daemon, which pins the maps
+	if err != nil {
+		t.Fatal(err)
+	}
+	dp.Close()
+	if err := os.MkdirAll(h.locks, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	return h
 }
 
 type cniResult struct {
@@ -55,7 +69,7 @@ func (h *cniHost) conf(att string, extra map[string]any) []byte {
 		"master":  "bridge", // no VRF in this kernel: the bridge stands in
 		"routes":  routesOf(att),
 		"gateway": map[string]string{"ipv4": "10.10.0.254"}, "hostOnlyPorts": []string{"udp/53"},
-		"bpffs": h.bpffs, "vrfLockDir": h.locks,
+		"bpffs": h.bpffs, "vrfLockDir": h.locks, "dataDir": h.dataDir,
 	}
 	for k, v := range extra {
 		c[k] = v
@@ -158,13 +172,15 @@ func TestAddCheckDelLeavesNothingBehind(t *testing.T) {
 		t.Fatalf("rows survived DEL: %v", rows)
 	}
 	h.mustCNI("DEL", ctrA, conf) // idempotent
-	h.mustCNI("DEL", ctrA, []byte(`{"cniVersion":"1.1.0","name":"galactic","type":"galactic-tap","bpffs":"`+h.bpffs+`","vrfLockDir":"`+h.locks+`"}`))
+	h.mustCNI("DEL", ctrA, []byte(`{"cniVersion":"1.1.0","name":"galactic","type":"galactic-tap","bpffs":"`+h.bpffs+`","vrfLockDir":"`+h.locks+`","dataDir":"`+h.dataDir+`"}`))
 	if _, err := h.cni("CHECK", ctrA, conf); err == nil || !strings.Contains(err.Error(), "does not exist") {
 		t.Fatalf("CHECK after DEL: %v", err)
 	}
 }
 
-func TestAnotherContainerCanNeitherDeleteNorTakeATap(t *testing.T) {
+// Another container can neither delete a tap nor take it while something
+// holds it; ADD's error names the holder.
+func TestAnotherContainerCanNeitherDeleteNorTakeAHeldTap(t *testing.T) {
 	h := newCNIHost(t)
 	conf := h.conf("2", nil)
 	h.mustCNI("ADD", ctrA, conf)
@@ -176,9 +192,10 @@ func TestAnotherContainerCanNeitherDeleteNorTakeATap(t *testing.T) {
 	if after, ok := h.link(tapName("2")); !ok || after.Index != l.Index || len(h.rows(l.Index)) != len(before) {
 		t.Fatal("DEL from another container removed the tap or its rows")
 	}
+	vmm := nettest.Hold(t, h.host, tapName("2"), nettest.HoldOptions{})
 	_, err := h.cni("ADD", other, conf)
-	if err == nil || !strings.Contains(err.Error(), "code 100") {
-		t.Fatalf("ADD over another container's tap: %v, want error 100", err)
+	if err == nil || !strings.Contains(err.Error(), "code 100") || !strings.Contains(err.Error(), fmt.Sprintf("pid %d", vmm.PID())) {
+		t.Fatalf("ADD over another container's held tap: %v, want error 100 naming pid %d", err, vmm.PID())
 	}
 	if after, _ := h.link(tapName("2")); after.Alias != ctrA || len(h.rows(l.Index)) != len(before) {
 		t.Fatal("a refused ADD changed the tap or its rows")
@@ -191,6 +208,40 @@ func TestAnotherContainerCanNeitherDeleteNorTakeATap(t *testing.T) {
 		t.Fatal("a repeated ADD re-created the tap instead of adopting it")
 	}
 	h.mustCNI("CHECK", ctrA, conf)
+}
+
+// A container whose DEL never ran leaves a tap stamped for an identity that
+// is still live; the next container's ADD for that identity takes it over
+// once nothing holds it: restamped, its rows registered again.
+func TestAReturningAttachmentTakesOverAnUnheldTap(t *testing.T) {
+	h := newCNIHost(t)
+	conf := h.conf("b", nil)
+	h.mustCNI("ADD", ctrA, conf)
+	l, _ := h.link(tapName("b"))
+	if err := datapathTables(h).TrafficPolicy.Delete(l.Index); err != nil { // rows half gone with the old sandbox
+		t.Fatal(err)
+	}
+	next := strings.Repeat("e", 64)
+	h.mustCNI("ADD", next, conf)
+	after, ok := h.link(tapName("b"))
+	if !ok || after.Index != l.Index || after.Alias != next {
+		t.Fatalf("after the takeover: %+v, want ifindex %d stamped %s", after, l.Index, next)
+	}
+	if rows := h.rows(l.Index); rows["traffic_policy"] != 1 {
+		t.Fatalf("the takeover did not register the rows again: %v", rows)
+	}
+	h.mustCNI("CHECK", next, conf)
+}
+
+// datapathTables opens the scene's pinned maps.
+func datapathTables(h *cniHost) *datapath.Datapath {
+	h.t.Helper()
+	dp, err := datapath.OpenPinned(h.bpffs)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	h.t.Cleanup(func() { dp.Close() })
+	return dp
 }
 
 func TestBadConfigurationIsRefusedAndChangesNothing(t *testing.T) {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
+	"golang.org/x/sys/unix"
 
 	"github.com/datum-cloud/galactic-node/ebpf/datapath"
 	"github.com/datum-cloud/galactic-node/node/attachreg"
@@ -53,6 +54,7 @@ type NetConf struct {
 
 	BPFFS      string `json:"bpffs,omitempty"`      // default /sys/fs/bpf
 	VRFLockDir string `json:"vrfLockDir,omitempty"` // default /run/galactic/vrf
+	DataDir    string `json:"dataDir,omitempty"`    // default /var/lib/cni/galactic-tap
 }
 
 // cniArgs are the per-invocation arguments read from CNI_ARGS.
@@ -66,19 +68,53 @@ type cniArgs struct {
 type invocation struct {
 	conf        NetConf
 	containerID string
+	ifName      string
 	identity    identity.Identity
 	hasIdentity bool
 	tap         tap.Config
 	reg         attachreg.Registration
+	// gcListed: the GC request carries cni.dev/valid-attachments at all
+	// (an empty list is a list; a missing key is not).
+	gcListed bool
 }
+
+// command says how much of a configuration a command reads.
+type command int
+
+const (
+	cmdAdd    command = iota // identity and every field, validated
+	cmdCheck                 // as ADD
+	cmdDel                   // the identity and where things are; other fields are not read
+	cmdGC                    // where things are, and the valid attachments
+	cmdStatus                // where things are
+)
 
 // errConfig marks input errors: CNI code 7, and nothing is changed.
 var errConfig = errors.New("invalid network configuration")
 
-func parse(args *skel.CmdArgs, needIdentity bool) (*invocation, error) {
+func parse(args *skel.CmdArgs, cmd command) (*invocation, error) {
+	needIdentity := cmd == cmdAdd || cmd == cmdCheck
 	var conf NetConf
 	if err := json.Unmarshal(args.StdinData, &conf); err != nil {
-		return nil, fmt.Errorf("%w: %w", errConfig, err)
+		if cmd != cmdDel {
+			return nil, fmt.Errorf("%w: %w", errConfig, err)
+		}
+		// DEL must get through whatever else is wrong with the
+		// configuration, or the runtime retries it forever: read only
+		// what DEL uses.
+		var lenient struct {
+			types.PluginConf
+			VPC           string `json:"vpc"`
+			VPCAttachment string `json:"vpcAttachment"`
+			BPFFS         string `json:"bpffs"`
+			VRFLockDir    string `json:"vrfLockDir"`
+			DataDir       string `json:"dataDir"`
+		}
+		if err := json.Unmarshal(args.StdinData, &lenient); err != nil {
+			return nil, fmt.Errorf("%w: %w", errConfig, err)
+		}
+		conf = NetConf{PluginConf: lenient.PluginConf, VPC: lenient.VPC, VPCAttachment: lenient.VPCAttachment,
+			BPFFS: lenient.BPFFS, VRFLockDir: lenient.VRFLockDir, DataDir: lenient.DataDir}
 	}
 	if conf.BPFFS == "" {
 		conf.BPFFS = "/sys/fs/bpf"
@@ -86,7 +122,16 @@ func parse(args *skel.CmdArgs, needIdentity bool) (*invocation, error) {
 	if conf.VRFLockDir == "" {
 		conf.VRFLockDir = vrf.DefaultDir
 	}
-	inv := &invocation{conf: conf, containerID: args.ContainerID}
+	if conf.DataDir == "" {
+		conf.DataDir = DefaultDataDir
+	}
+	inv := &invocation{conf: conf, containerID: args.ContainerID, ifName: args.IfName}
+	if cmd == cmdGC {
+		var keys map[string]json.RawMessage
+		if err := json.Unmarshal(args.StdinData, &keys); err == nil {
+			_, inv.gcListed = keys["cni.dev/valid-attachments"]
+		}
+	}
 	if args.ContainerID == "" && needIdentity {
 		return nil, fmt.Errorf("%w: CNI_CONTAINERID is empty", errConfig)
 	}
@@ -112,7 +157,7 @@ func parse(args *skel.CmdArgs, needIdentity bool) (*invocation, error) {
 	} else if needIdentity {
 		return nil, fmt.Errorf("%w: no attachment identity: set vpc and vpcAttachment, or CNI_ARGS GALACTIC_VPC and GALACTIC_VPC_ATTACHMENT", errConfig)
 	}
-	if !inv.hasIdentity {
+	if !inv.hasIdentity || !needIdentity {
 		return inv, nil
 	}
 	if err := inv.build(); err != nil {
@@ -133,6 +178,18 @@ func (inv *invocation) build() error {
 		master = tap.MasterBridge
 	default:
 		errs = append(errs, fmt.Errorf("master %q: want vrf or bridge", c.Master))
+	}
+	if c.Table == 0 || c.Table == unix.RT_TABLE_MAIN || c.Table == unix.RT_TABLE_LOCAL {
+		errs = append(errs, fmt.Errorf("table %d is not a VRF table", c.Table))
+	}
+	if c.MTU != 0 && (c.MTU < 68 || c.MTU > 65535) {
+		errs = append(errs, fmt.Errorf("mtu %d outside 68..65535", c.MTU))
+	}
+	if len(c.Policy.Ethertypes) > datapath.MaxEthertypes || len(c.Policy.Protocols) > datapath.MaxProtocols {
+		errs = append(errs, fmt.Errorf("policy lists %d ethertypes and %d protocols: at most %d and %d", len(c.Policy.Ethertypes), len(c.Policy.Protocols), datapath.MaxEthertypes, datapath.MaxProtocols))
+	}
+	if _, err := networkDir(c.DataDir, c.Name); err != nil {
+		errs = append(errs, err)
 	}
 	var routes []netip.Prefix
 	for _, r := range c.Routes {

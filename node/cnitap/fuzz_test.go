@@ -14,7 +14,7 @@ func FuzzParse(f *testing.F) {
 	f.Add([]byte(`{"cniVersion":"1.1.0","table":1}`), "GALACTIC_VPC=a;GALACTIC_VPC_ATTACHMENT=1")
 	f.Add([]byte(`{"policy":{"defaultAction":"deny","protocols":[6,17]},"vpc":"1","vpcAttachment":"0"}`), "IgnoreUnknown=1;X=y")
 	f.Fuzz(func(t *testing.T, conf []byte, cniArgs string) {
-		inv, err := parse(&skel.CmdArgs{ContainerID: "c0ffee", StdinData: conf, Args: cniArgs}, true)
+		inv, err := parse(&skel.CmdArgs{ContainerID: "c0ffee", StdinData: conf, Args: cniArgs}, cmdAdd)
 		if err != nil {
 			return
 		}

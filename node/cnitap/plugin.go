@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"sort"
 	"strings"
 	"time"
@@ -49,12 +48,19 @@ type env struct {
 	taps  *tap.Manager
 }
 
-func (p *Plugin) open(conf NetConf) (*env, error) {
+// open opens this namespace's links, the daemon's pinned maps (with the
+// program when the command attaches it), the registry and the locks. It
+// never mounts a bpffs or creates maps: see datapath.OpenPinned.
+func (p *Plugin) open(conf NetConf, withProgram bool) (*env, error) {
 	conn, err := link.Dial(nil)
 	if err != nil {
 		return nil, err
 	}
-	dp, err := datapath.Load(conf.BPFFS)
+	open := datapath.OpenPinned
+	if withProgram {
+		open = datapath.LoadPinned
+	}
+	dp, err := open(conf.BPFFS)
 	if err != nil {
 		conn.Close()
 		return nil, err
@@ -81,12 +87,12 @@ func (e *env) close() {
 
 // run parses the request, opens the node's parts and calls do, answering
 // any failure as a CNI error.
-func (p *Plugin) run(args *skel.CmdArgs, needIdentity bool, do func(*invocation, *env) error) error {
-	inv, err := parse(args, needIdentity)
+func (p *Plugin) run(args *skel.CmdArgs, cmd command, do func(*invocation, *env) error) error {
+	inv, err := parse(args, cmd)
 	if err != nil {
 		return cniError(err)
 	}
-	e, err := p.open(inv.conf)
+	e, err := p.open(inv.conf, cmd == cmdAdd)
 	if err != nil {
 		return cniError(err)
 	}
@@ -108,6 +114,8 @@ func cniError(err error) error {
 		return types.NewError(ErrOwnedByAnother, err.Error(), "")
 	case errors.Is(err, context.DeadlineExceeded):
 		return types.NewError(types.ErrTryAgainLater, err.Error(), "")
+	case errors.Is(err, datapath.ErrNotPinned):
+		return types.NewError(types.ErrPluginNotAvailable, err.Error(), "")
 	}
 	return types.NewError(types.ErrInternal, err.Error(), "")
 }
@@ -116,7 +124,7 @@ func cniError(err error) error {
 // it, adds its routes and registers its rows, under the VPC's VRF lock. On
 // failure it undoes what it made; a tap it adopted is never deleted.
 func (p *Plugin) Add(args *skel.CmdArgs) error {
-	return p.run(args, true, p.add)
+	return p.run(args, cmdAdd, p.add)
 }
 
 func (p *Plugin) add(inv *invocation, e *env) error {
@@ -129,7 +137,16 @@ func (p *Plugin) add(inv *invocation, e *env) error {
 	defer unlock()
 	ctx = context.WithoutCancel(ctx) // holding the lock, finish what is started
 
-	res, err := e.taps.Create(ctx, inv.tap)
+	cfg := inv.tap
+	if l, err := e.conn.GetByName(ctx, inv.identity.TapName()); err == nil && l.Alias != "" && l.Alias != inv.containerID {
+		// A container whose DEL never ran stamped this tap for the same
+		// identity: it is ours to take over unless something holds it.
+		if err := p.mayTakeOver(ctx, l, inv); err != nil {
+			return err
+		}
+		cfg.Replaces = l.Alias
+	}
+	res, err := e.taps.Create(ctx, cfg)
 	if err != nil {
 		return err
 	}
@@ -140,6 +157,13 @@ func (p *Plugin) add(inv *invocation, e *env) error {
 			}
 		}
 		return err
+	}
+	if err := writeRecord(inv.conf.DataDir, inv.conf.Name, record{Tap: res.Tap.Name, ContainerID: inv.containerID, IfName: inv.ifName}); err != nil {
+		return err
+	}
+	if cfg.Replaces != "" {
+		p.Log.Warn("ADD took over a tap another container stamped and left unheld", "container", inv.containerID,
+			"previous_container", cfg.Replaces, "tap", res.Tap.Name, "ifindex", res.Tap.Index)
 	}
 	p.Log.Info("ADD", "container", inv.containerID, "tap", res.Tap.Name, "ifindex", res.Tap.Index, "adopted", res.Adopted)
 	result := &current.Result{
@@ -154,7 +178,7 @@ func (p *Plugin) add(inv *invocation, e *env) error {
 // container's, is success. A tap still held is removed all the same: the
 // runtime has ended the attachment, and no other path would ever take it.
 func (p *Plugin) Del(args *skel.CmdArgs) error {
-	return p.run(args, false, func(inv *invocation, e *env) error {
+	return p.run(args, cmdDel, func(inv *invocation, e *env) error {
 		ctx := context.Background()
 		own, err := p.ownTaps(ctx, e, inv)
 		if err != nil {
@@ -180,6 +204,9 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 		}
 		for _, t := range out.Removed {
 			p.Log.Info("DEL", "container", inv.containerID, "tap", t.Name, "ifindex", t.Ifindex)
+			if err := removeRecord(inv.conf.DataDir, inv.conf.Name, t.Name); err != nil {
+				p.Log.Warn("DEL left a record", "tap", t.Name, "error", err)
+			}
 		}
 		return failures("DEL", out)
 	})
@@ -198,6 +225,9 @@ func (p *Plugin) clearGone(ctx context.Context, e *env, inv *invocation) error {
 		if r.Identity == inv.identity {
 			gone = append(gone, teardown.Gone{Ifindex: r.Ifindex, Identity: r.Identity})
 		}
+	}
+	if err := removeRecord(inv.conf.DataDir, inv.conf.Name, inv.identity.TapName()); err != nil && !errors.Is(err, errConfig) {
+		return err
 	}
 	if len(gone) == 0 {
 		return nil
@@ -261,109 +291,26 @@ func (p *Plugin) ownTaps(ctx context.Context, e *env, inv *invocation) ([]link.T
 	return own, nil
 }
 
-// Check verifies that the tap exists, is stamped by this container, is
-// enslaved to its VRF and has its rows and program.
-func (p *Plugin) Check(args *skel.CmdArgs) error {
-	return p.run(args, true, p.check)
-}
-
-func (p *Plugin) check(inv *invocation, e *env) error {
-	ctx := context.Background()
-	fail := func(format string, a ...any) error {
-		return types.NewError(ErrCheckFailed, fmt.Sprintf(format, a...), "")
+// mayTakeOver allows ADD to take over l, which another container stamped
+// for the same identity, only when nothing holds it; otherwise the error
+// names what holds it.
+func (p *Plugin) mayTakeOver(ctx context.Context, l link.Link, inv *invocation) error {
+	t, ok := l.AsTap()
+	if !ok {
+		return fmt.Errorf("%s is kind %q: %w", l.Name, l.Kind, tap.ErrNotATap)
 	}
-	name := inv.identity.TapName()
-	l, err := e.conn.GetByName(ctx, name)
-	if errors.Is(err, link.ErrLinkGone) {
-		return fail("tap %s does not exist", name)
-	}
-	if err != nil {
-		return err
-	}
-	if l.Alias != inv.containerID {
-		return fail("tap %s is stamped %q, not by container %s", name, l.Alias, inv.containerID)
-	}
-	master, err := e.conn.Get(ctx, l.Master)
-	if l.Master == 0 || err != nil || master.Name != inv.identity.VRFName() {
-		return fail("tap %s is not enslaved to its VRF %s", name, inv.identity.VRFName())
-	}
-	rows, err := e.reg.Rows(l.Index)
-	if err != nil {
-		return err
-	}
-	var missing []string
-	for _, m := range []string{"ifindex_vrf", "traffic_policy", "egress_kind"} {
-		if _, ok := rows.Rows[m]; !ok {
-			missing = append(missing, m)
-		}
-	}
-	if !rows.Attached {
-		missing = append(missing, "tcx program")
-	}
-	if len(missing) > 0 {
-		return fail("tap %s (ifindex %d) lacks its %s", name, l.Index, strings.Join(missing, ", "))
-	}
-	return nil
-}
-
-// GC removes tenant taps stamped by a container that cni.dev/valid-attachments
-// does not list, when nothing holds them, through the one teardown path
-// (the same locks, rechecks and order as the reclaim). It keeps going on errors
-// and reports them all. Unstamped taps are never touched. A container listed
-// with any interface keeps all its taps: the stamp records the container,
-// not the interface name.
-func (p *Plugin) GC(args *skel.CmdArgs) error {
-	return p.run(args, false, p.gc)
-}
-
-func (p *Plugin) gc(inv *invocation, e *env) error {
-	ctx := context.Background()
-	valid := map[string]bool{}
-	for _, a := range inv.conf.ValidAttachments {
-		valid[a.ContainerID] = true
-	}
-	links, err := e.conn.Links(ctx)
-	if err != nil {
-		return err
-	}
-	var targets []teardown.Target
-	for _, t := range link.TenantTaps(links) {
-		if !t.Stamped() || valid[t.Alias] {
-			continue
-		}
-		targets = append(targets, teardown.Target{Expect: link.Expect{Index: t.Index, Name: t.Name, Alias: t.Alias}, Identity: t.Identity})
-	}
-	if len(targets) == 0 {
+	judge := holder.NewJudge(holder.Proc{Root: "/proc"})
+	held, why := judge.Held(ctx, t)
+	if !held {
 		return nil
 	}
-	out := e.remover(p.Log).Remove(ctx, targets, teardown.Options{Dump: links})
-	p.Log.Info("GC", "candidates", len(targets), "removed", len(out.Removed), "kept", len(out.Kept), "failed", len(out.Failed))
-	return failures("GC", out)
-}
-
-// Status reports ready when the eBPF maps load and the lock folder is
-// writable; otherwise CNI error 50, plugin not available.
-func (p *Plugin) Status(args *skel.CmdArgs) error {
-	inv, err := parse(args, false)
-	if err != nil {
-		return cniError(err)
+	msg := fmt.Sprintf("%s is stamped by container %s and held (%s)", l.Name, l.Alias, why)
+	if hs := judge.Holders(ctx, l.Name); len(hs) > 0 {
+		pids := make([]string, len(hs))
+		for i, h := range hs {
+			pids[i] = fmt.Sprintf("pid %d (%s)", h.PID, h.Command)
+		}
+		msg += " by " + strings.Join(pids, ", ")
 	}
-	unavailable := func(err error) error {
-		return types.NewError(types.ErrPluginNotAvailable, "galactic-tap not available", err.Error())
-	}
-	dp, err := datapath.Load(inv.conf.BPFFS)
-	if err != nil {
-		return unavailable(err)
-	}
-	dp.Close()
-	if err := os.MkdirAll(inv.conf.VRFLockDir, 0o700); err != nil {
-		return unavailable(err)
-	}
-	f, err := os.CreateTemp(inv.conf.VRFLockDir, ".status-*")
-	if err != nil {
-		return unavailable(fmt.Errorf("lock folder %s not writable: %w", inv.conf.VRFLockDir, err))
-	}
-	f.Close()
-	_ = os.Remove(f.Name())
-	return nil
+	return fmt.Errorf("%s: %w", msg, tap.ErrOwnedByAnother)
 }

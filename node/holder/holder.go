@@ -107,3 +107,16 @@ func (j *Judge) Held(ctx context.Context, t link.Tap) (bool, string) {
 	}
 	return false, ""
 }
+
+// Holders returns the processes holding the tap called name, scanning once
+// per Judge; nil when no scanner is configured.
+func (j *Judge) Holders(ctx context.Context, name string) []Holder {
+	if j.scanner == nil {
+		return nil
+	}
+	if j.scan == nil {
+		s := j.scanner.Scan(ctx)
+		j.scan = &s
+	}
+	return j.scan.Holders(name)
+}

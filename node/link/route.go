@@ -55,3 +55,38 @@ func (c *Conn) ReplaceRoute(ctx context.Context, r Route) error {
 	}
 	return nil
 }
+
+// RoutesVia lists the destinations of the routes through ifindex in table,
+// both families: what CNI CHECK compares with the routes ADD set up.
+func (c *Conn) RoutesVia(ctx context.Context, ifindex, table uint32) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, family := range []uint8{unix.AF_INET, unix.AF_INET6} {
+		req := &rtnetlink.RouteMessage{Family: family}
+		msgs, err := c.execute(ctx, unix.RTM_GETROUTE, netlink.Request|netlink.Dump, req)
+		if err != nil {
+			return nil, fmt.Errorf("list routes via ifindex %d: %w", ifindex, err)
+		}
+		for _, msg := range msgs {
+			if msg.Header.Type != unix.RTM_NEWROUTE {
+				continue
+			}
+			var m rtnetlink.RouteMessage
+			if err := m.UnmarshalBinary(msg.Data); err != nil {
+				return nil, fmt.Errorf("list routes via ifindex %d: decode: %w", ifindex, err)
+			}
+			t := m.Attributes.Table
+			if t == 0 {
+				t = uint32(m.Table)
+			}
+			if m.Attributes.OutIface != ifindex || t != table || m.Attributes.Dst == nil {
+				continue
+			}
+			addr, ok := netip.AddrFromSlice(m.Attributes.Dst)
+			if !ok {
+				continue
+			}
+			out = append(out, netip.PrefixFrom(addr.Unmap(), int(m.DstLength)))
+		}
+	}
+	return out, nil
+}

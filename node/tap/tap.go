@@ -62,7 +62,11 @@ type Config struct {
 	Identity identity.Identity
 	// Owner is the stamp written to the tap's alias: the sandbox or container
 	// ID. It is required, since an unstamped tap can never be reclaimed.
-	Owner       string
+	Owner string
+	// Replaces is the stamp of a tap this Create may take over and
+	// restamp: the caller found it unheld under the VRF lock. Empty: a tap
+	// another owner stamped is refused.
+	Replaces    string
 	SingleQueue bool    // default multiqueue, whose queue counts show holders
 	UID, GID    *uint32 // optional tun owner and group, for unprivileged VMMs
 	MTU         uint32  // 0 keeps the kernel's default
@@ -171,7 +175,7 @@ func (m *Manager) openOrAdopt(ctx context.Context, cfg Config) (l link.Link, ado
 	if _, ok := l.AsTap(); !ok {
 		return link.Link{}, false, fmt.Errorf("%s is kind %q: %w", name, l.Kind, ErrNotATap)
 	}
-	if l.Alias != "" && l.Alias != cfg.Owner {
+	if l.Alias != "" && l.Alias != cfg.Owner && (cfg.Replaces == "" || l.Alias != cfg.Replaces) {
 		// Also reached when another writer created the tap between the
 		// lookup and TUNSETIFF, which then attached to it instead of
 		// creating; it is theirs, so it is not undone.
