@@ -188,4 +188,3 @@ func (p *Plugin) Status(args *skel.CmdArgs) error {
 	}
 	return dp.Close()
 }
-
