@@ -308,3 +308,33 @@ func TestStatusOnlyChecks(t *testing.T) {
 	}
 	h.mustCNI("STATUS", "", h.conf("f", nil))
 }
+
+// The conflist deploy/ installs names the network GC is scoped to, parses
+// with libcni, and validates against the built plugin.
+func TestTheShippedConflistIsAValidNetwork(t *testing.T) {
+	b, err := os.ReadFile("../deploy/node/10-galactic.conflist")
+	if err != nil {
+		t.Fatal(err)
+	}
+	list, err := libcni.ConfListFromBytes(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if list.Name != "galactic" || len(list.Plugins) != 1 || list.Plugins[0].Network.Type != "galactic-tap" {
+		t.Fatalf("conflist: name %q, plugins %d", list.Name, len(list.Plugins))
+	}
+	bin := t.TempDir()
+	if err := os.Symlink(tapPlugin, filepath.Join(bin, "galactic-tap")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := libcni.NewCNIConfig([]string{bin}, nil).ValidateNetworkList(context.Background(), list); err != nil {
+		t.Fatalf("validate the shipped conflist: %v", err)
+	}
+	ds, err := os.ReadFile("../deploy/node/daemonset.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(ds), "/host/etc/cni/net.d/10-galactic.conflist") {
+		t.Fatal("the DaemonSet does not install the conflist")
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"strconv"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
@@ -62,6 +63,7 @@ type cniArgs struct {
 	types.CommonArgs
 	GALACTIC_VPC            types.UnmarshallableString //nolint:revive // CNI_ARGS keys are upper case
 	GALACTIC_VPC_ATTACHMENT types.UnmarshallableString //nolint:revive
+	GALACTIC_TABLE          types.UnmarshallableString //nolint:revive // the VRF's table, per VPC
 }
 
 // invocation is a parsed, validated request: what to create or find.
@@ -140,6 +142,13 @@ func parse(args *skel.CmdArgs, cmd command) (*invocation, error) {
 		if err := types.LoadArgs(args.Args, &ca); err != nil {
 			return nil, fmt.Errorf("%w: CNI_ARGS: %w", errConfig, err)
 		}
+	}
+	if ca.GALACTIC_TABLE != "" {
+		n, err := strconv.ParseUint(string(ca.GALACTIC_TABLE), 10, 32)
+		if err != nil {
+			return nil, fmt.Errorf("%w: CNI_ARGS GALACTIC_TABLE %q: %w", errConfig, ca.GALACTIC_TABLE, err)
+		}
+		inv.conf.Table = uint32(n)
 	}
 	vpc, att := conf.VPC, conf.VPCAttachment
 	if ca.GALACTIC_VPC != "" {
