@@ -26,6 +26,7 @@ run ./node/inventory 'FileInventory100000Identities' 5x
 run ./admin 'PendingWithAuthAt64Clients' 3x
 run ./hubctl 'Release1000ClaimsOfGoneNetworks' 1x
 run ./integration 'DaemonRSS' 3x
+run ./integration 'LibcniAddDel' 30x
 
 {
 	echo "# Benchmark results"
@@ -49,6 +50,7 @@ run ./integration 'DaemonRSS' 3x
 	echo "same trimmed objects as the informers; API requests per pass are counted against a real API server."
 	echo "unproved = the same removing pass over the same informers without the consistent read of the API"
 	echo "server (1,000 VPCAttachments) that must precede every removal. batch-dump = one batch dump of every"
-	echo "per-interface map, the peer of the orphan scan (16,384 ifindex_vrf rows, 1% orphans)."
+	echo "per-interface map, the peer of the orphan scan (16,384 ifindex_vrf rows, 1% orphans). bridge = the"
+	echo "reference bridge+host-local conflist (containernetworking/plugins v1.10.0) through libcni, same run."
 } > bench/RESULTS.md
 echo "wrote bench/RESULTS.md" >&2

@@ -29,7 +29,7 @@ import (
 // the CNI protocol, with its own bpffs and lock folder, and a container
 // namespace for CNI_NETNS.
 type cniHost struct {
-	t         *testing.T
+	t         testing.TB
 	host, ctr *nettest.NS
 	bpffs     string
 	locks     string
@@ -38,7 +38,7 @@ type cniHost struct {
 
 // newCNIHost makes the scene with the node daemon's pins in place, as the
 // plugin requires (it never creates maps itself), and its lock folder.
-func newCNIHost(t *testing.T) *cniHost {
+func newCNIHost(t testing.TB) *cniHost {
 	h := &cniHost{t: t, host: nettest.NewNS(t), ctr: nettest.NewNS(t), bpffs: nettest.BPFFS(t),
 		locks: filepath.Join(t.TempDir(), "locks"), dataDir: filepath.Join(t.TempDir(), "cni-state")}
 	dp, err := datapath.Load(h.bpffs) // stands in for the daemon, which pins the maps

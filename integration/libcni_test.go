@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/types"
@@ -28,15 +29,18 @@ var (
 	stockErr  error
 )
 
-// stockPlugins builds the stock tuning plugin once per test binary.
-func stockPlugins(t *testing.T) string {
+// stockPlugins builds the stock tuning, bridge and host-local plugins once
+// per test binary.
+func stockPlugins(t testing.TB) string {
 	t.Helper()
 	stockOnce.Do(func() {
 		stockDir, stockErr = os.MkdirTemp("", "galactic-stock-cni-")
 		if stockErr != nil {
 			return
 		}
-		cmd := exec.Command("go", "install", "github.com/containernetworking/plugins/plugins/meta/tuning@"+tuningVersion)
+		cmd := exec.Command("go", "install", "github.com/containernetworking/plugins/plugins/meta/tuning@"+tuningVersion,
+			"github.com/containernetworking/plugins/plugins/main/bridge@"+tuningVersion,
+			"github.com/containernetworking/plugins/plugins/ipam/host-local@"+tuningVersion)
 		cmd.Env = append(os.Environ(), "GOBIN="+stockDir, "GOFLAGS=-mod=mod")
 		cmd.Dir = stockDir
 		if out, err := cmd.CombinedOutput(); err != nil {
@@ -58,7 +62,7 @@ type runtime struct {
 	cache string
 }
 
-func newRuntime(t *testing.T, h *cniHost) *runtime {
+func newRuntime(t testing.TB, h *cniHost) *runtime {
 	t.Helper()
 	bin := t.TempDir()
 	if err := os.Symlink(tapPlugin, filepath.Join(bin, "galactic-tap")); err != nil {
@@ -337,4 +341,50 @@ func TestTheShippedConflistIsAValidNetwork(t *testing.T) {
 	if !strings.Contains(string(ds), "/host/etc/cni/net.d/10-galactic.conflist") {
 		t.Fatal("the DaemonSet does not install the conflist")
 	}
+}
+
+// BenchmarkLibcniAddDel times ADD and DEL of galactic-tap through libcni,
+// as containerd's go-cni calls it, against the reference bridge+host-local
+// conflist in the same run and namespaces. ns/op is one galactic ADD plus
+// its DEL; x-of-bridge compares each verb with the peer's.
+func BenchmarkLibcniAddDel(b *testing.B) {
+	h := newCNIHost(b)
+	r := newRuntime(b, h)
+	galactic := r.list("1.1.0", "galactic", "f")
+	ipam := filepath.Join(b.TempDir(), "host-local")
+	peerConf, _ := json.Marshal(map[string]any{"cniVersion": "1.1.0", "name": "peer", "plugins": []any{map[string]any{
+		"type": "bridge", "bridge": "cnibr0", "isGateway": true,
+		"ipam": map[string]any{"type": "host-local", "subnet": "10.99.0.0/16", "dataDir": ipam},
+	}}})
+	peer, err := libcni.ConfListFromBytes(peerConf)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var add, del, peerAdd, peerDel time.Duration
+	timed := func(d *time.Duration, fn func(ctx context.Context) error) {
+		start := time.Now()
+		if err := r.in(fn); err != nil {
+			b.Fatal(err)
+		}
+		*d += time.Since(start)
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		rt := r.rt(fmt.Sprintf("%064x", i), "eth0")
+		timed(&add, func(ctx context.Context) error { _, err := r.cni.AddNetworkList(ctx, galactic, rt); return err })
+		timed(&del, func(ctx context.Context) error { return r.cni.DelNetworkList(ctx, galactic, rt) })
+		b.StopTimer()
+		prt := r.rt(fmt.Sprintf("%064x", i+1<<32), "eth0")
+		timed(&peerAdd, func(ctx context.Context) error { _, err := r.cni.AddNetworkList(ctx, peer, prt); return err })
+		timed(&peerDel, func(ctx context.Context) error { return r.cni.DelNetworkList(ctx, peer, prt) })
+		b.StartTimer()
+	}
+	b.StopTimer()
+	per := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / float64(b.N) }
+	b.ReportMetric(per(add), "add-ns")
+	b.ReportMetric(per(del), "del-ns")
+	b.ReportMetric(per(peerAdd), "bridge-add-ns")
+	b.ReportMetric(per(peerDel), "bridge-del-ns")
+	b.ReportMetric(per(add)/per(peerAdd), "add-x-of-bridge")
+	b.ReportMetric(per(del)/per(peerDel), "del-x-of-bridge")
 }

@@ -1,6 +1,8 @@
 package datapath
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -20,13 +22,13 @@ var ErrNotPinned = errors.New("datapath maps not pinned")
 // the daemon never used, is ErrNotPinned rather than a fresh bpffs whose rows
 // nothing reads. Program() is nil on the result.
 func OpenPinned(bpffs string) (*Datapath, error) {
-	pinDir, err := pinnedDir(bpffs)
-	if err != nil {
-		return nil, err
-	}
 	spec, err := loadDatapath()
 	if err != nil {
 		return nil, fmt.Errorf("open datapath: spec: %w", err)
+	}
+	pinDir, err := pinnedDir(bpffs, spec)
+	if err != nil {
+		return nil, err
 	}
 	d := &Datapath{pinDir: pinDir}
 	if err := spec.LoadAndAssign(&d.objs.datapathMaps, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: pinDir}}); err != nil {
@@ -37,17 +39,46 @@ func OpenPinned(bpffs string) (*Datapath, error) {
 }
 
 // LoadPinned is Load without mounting a bpffs or creating maps: the maps
-// must already be pinned by the node daemon. What CNI ADD uses.
+// must already be pinned by the node daemon. What CNI ADD uses. The program
+// of this build is pinned too, under a name that carries the object's hash,
+// so that only the first ADD after an upgrade pays for the verifier; later
+// ones open the pin.
 func LoadPinned(bpffs string) (*Datapath, error) {
-	if _, err := pinnedDir(bpffs); err != nil {
+	d, err := OpenPinned(bpffs)
+	if err != nil {
 		return nil, err
 	}
-	return Load(bpffs)
+	pin := filepath.Join(d.pinDir, programPinName())
+	prog, err := ebpf.LoadPinnedProgram(pin, nil)
+	if err == nil {
+		d.objs.TapIngress = prog
+		return d, nil
+	}
+	d.Close()
+	if !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("load pinned program %s: %w", pin, err)
+	}
+	d, err = Load(bpffs)
+	if err != nil {
+		return nil, err
+	}
+	// Best effort: a concurrent ADD may pin it first, and the next one
+	// loads it again if neither did.
+	if err := os.MkdirAll(filepath.Dir(pin), 0o700); err == nil {
+		_ = d.objs.TapIngress.Pin(pin)
+	}
+	return d, nil
 }
 
-// pinnedDir checks that bpffs is a bpf filesystem holding every map of this
-// build pinned under PinSubdir, and returns that folder.
-func pinnedDir(bpffs string) (string, error) {
+// programPinName names this build's program by the hash of its object.
+func programPinName() string {
+	sum := sha256.Sum256(_DatapathBytes)
+	return filepath.Join("progs", "tap_ingress_"+hex.EncodeToString(sum[:8]))
+}
+
+// pinnedDir checks that bpffs is a bpf filesystem holding every map of spec
+// pinned under PinSubdir, and returns that folder.
+func pinnedDir(bpffs string, spec *ebpf.CollectionSpec) (string, error) {
 	var st unix.Statfs_t
 	if err := unix.Statfs(bpffs, &st); err != nil {
 		return "", fmt.Errorf("%w: bpffs %s: %w", ErrNotPinned, bpffs, err)
@@ -56,10 +87,6 @@ func pinnedDir(bpffs string) (string, error) {
 		return "", fmt.Errorf("%w: %s is not a bpf filesystem", ErrNotPinned, bpffs)
 	}
 	pinDir := filepath.Join(bpffs, PinSubdir)
-	spec, err := loadDatapath()
-	if err != nil {
-		return "", fmt.Errorf("open datapath: spec: %w", err)
-	}
 	for name, m := range spec.Maps {
 		if m.Pinning != ebpf.PinByName {
 			continue
