@@ -388,3 +388,20 @@ func BenchmarkLibcniAddDel(b *testing.B) {
 	b.ReportMetric(per(add)/per(peerAdd), "add-x-of-bridge")
 	b.ReportMetric(per(del)/per(peerDel), "del-x-of-bridge")
 }
+
+// A DEL with no identity (the runtime passes none) removes only what this
+// network's ADD recorded for the attachment, never the same container's tap
+// of another network.
+func TestADelWithoutIdentityStaysInItsNetwork(t *testing.T) {
+	h := newCNIHost(t)
+	x := strings.Repeat("7", 64)
+	h.mustCNI("ADD", x, h.conf("g", map[string]any{"name": "net-n"}))
+	h.mustCNI("ADD", x, h.conf("h", map[string]any{"name": "net-w"}))
+	h.mustCNI("DEL", x, h.conf("", map[string]any{"name": "net-n", "vpc": "", "vpcAttachment": ""}))
+	if _, ok := h.link(tapName("g")); ok {
+		t.Fatal("DEL left its own network's tap")
+	}
+	if _, ok := h.link(tapName("h")); !ok {
+		t.Fatal("DEL of net-n removed net-w's tap of the same container")
+	}
+}

@@ -282,9 +282,25 @@ func (p *Plugin) ownTaps(ctx context.Context, e *env, inv *invocation) ([]link.T
 	if err != nil {
 		return nil, err
 	}
+	// This network's records say which taps the attachment (container,
+	// interface) added; a tap another network recorded is never this DEL's.
+	// Taps made before records existed are found by their stamp alone.
+	records, err := readRecords(inv.conf.DataDir, inv.conf.Name)
+	if err != nil {
+		return nil, err
+	}
+	mine := map[string]bool{}
+	for _, r := range records {
+		if r.ContainerID == inv.containerID && r.IfName == inv.ifName {
+			mine[r.Tap] = true
+		}
+	}
 	var own []link.Tap
 	for _, t := range link.TenantTaps(links) {
-		if inv.containerID != "" && t.Alias == inv.containerID {
+		if inv.containerID == "" || t.Alias != inv.containerID {
+			continue
+		}
+		if mine[t.Name] || (len(mine) == 0 && !recordedAnywhere(inv.conf.DataDir, t.Name)) {
 			own = append(own, t)
 		}
 	}

@@ -105,3 +105,10 @@ func removeRecord(dataDir, network, tap string) error {
 	}
 	return nil
 }
+
+// recordedAnywhere reports whether any network recorded tap: such a tap is
+// that network's, not a legacy one found by its stamp alone.
+func recordedAnywhere(dataDir, tap string) bool {
+	matches, _ := filepath.Glob(filepath.Join(dataDir, "*", tap))
+	return len(matches) > 0
+}
