@@ -181,10 +181,7 @@ func (r *remoteNode) pending(name string) bool {
 // even a candidate whose attachment was created at the API server meanwhile,
 // and its first healthy pass after the partition only marks.
 func TestAPartitionedNodeRemovesNothing(t *testing.T) {
-	cluster := clustertest.Shared(t)
-	cluster.DeleteAll(t, inventory.AttachmentResource)
-	t.Cleanup(func() { cluster.DeleteAll(t, inventory.AttachmentResource) })
-	cluster.Apply(t, inventory.AttachmentResource, clustertest.Attachment("tenant-a", "web-1", "a", "1"))
+	cluster := sharedWithLiveAttachment(t)
 	r := newRemoteNode(t, cluster)
 	r.tapAdd("1", "sandbox-1")
 	r.tapAdd("3", "sandbox-3")
@@ -238,6 +235,17 @@ func TestAPartitionedNodeRemovesNothing(t *testing.T) {
 	if !r.exists("G00000000a001H") {
 		t.Fatal("the live tap was removed")
 	}
+}
+
+// sharedWithLiveAttachment is the shared API server holding only the
+// attachment that carries a/1, so that the inventory is healthy.
+func sharedWithLiveAttachment(t *testing.T) *clustertest.Cluster {
+	t.Helper()
+	cluster := clustertest.Shared(t)
+	cluster.DeleteAll(t, inventory.AttachmentResource)
+	t.Cleanup(func() { cluster.DeleteAll(t, inventory.AttachmentResource) })
+	cluster.Apply(t, inventory.AttachmentResource, clustertest.Attachment("tenant-a", "web-1", "a", "1"))
+	return cluster
 }
 
 // apiServerPID finds the kube-apiserver of cluster by its certificate folder.
@@ -305,10 +313,7 @@ func TestAKilledAPIServerStopsEveryRemoval(t *testing.T) {
 // Deleting an attachment, re-creating it and forcing a pass at once must
 // never remove its tap, however far the node's cache is behind.
 func TestARecreatedAttachmentKeepsItsTapEveryTime(t *testing.T) {
-	cluster := clustertest.Shared(t)
-	cluster.DeleteAll(t, inventory.AttachmentResource)
-	t.Cleanup(func() { cluster.DeleteAll(t, inventory.AttachmentResource) })
-	cluster.Apply(t, inventory.AttachmentResource, clustertest.Attachment("tenant-a", "web-1", "a", "1"))
+	cluster := sharedWithLiveAttachment(t)
 	cluster.Apply(t, inventory.AttachmentResource, clustertest.Attachment("tenant-a", "web-3", "a", "3"))
 	r := newRemoteNode(t, cluster)
 	r.tapAdd("3", "sandbox-3")
@@ -332,10 +337,7 @@ func TestARecreatedAttachmentKeepsItsTapEveryTime(t *testing.T) {
 // A node that lost list on VPCAttachments keeps its open watch, but must not
 // remove anything on it: the pass is skipped, naming the 403.
 func TestARevokedListStopsRemovals(t *testing.T) {
-	cluster := clustertest.Shared(t)
-	cluster.DeleteAll(t, inventory.AttachmentResource)
-	t.Cleanup(func() { cluster.DeleteAll(t, inventory.AttachmentResource) })
-	cluster.Apply(t, inventory.AttachmentResource, clustertest.Attachment("tenant-a", "web-1", "a", "1"))
+	cluster := sharedWithLiveAttachment(t)
 	r := newRemoteNode(t, cluster)
 	r.tapAdd("3", "sandbox-3")
 	r.start()

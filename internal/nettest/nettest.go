@@ -1,6 +1,6 @@
 // Package nettest is the harness of privileged tests: a fresh network
 // namespace per test, removed on every exit path, and helpers that put a tap
-// into each state kernel.md measures (no fd; held by another process; held
+// into each state docs/kernel.md measures (no fd; held by another process; held
 // and down; a multiqueue queue detached with its fd open; fd closed again).
 //
 // It uses ip(8) to set scenes; the product never does.

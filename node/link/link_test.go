@@ -28,7 +28,7 @@ func readTap(t *testing.T, c *link.Conn, name string) link.Tap {
 }
 
 // TestHeldFollowsTheKernelTable walks a tap through every state of the
-// kernel.md table, single-queue and multiqueue, and checks Held() in each.
+// docs/kernel.md table, single-queue and multiqueue, and checks Held() in each.
 func TestHeldFollowsTheKernelTable(t *testing.T) {
 	for _, tc := range []struct {
 		name string

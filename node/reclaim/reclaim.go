@@ -274,18 +274,24 @@ func (r *Reclaimer) reprove(ctx context.Context) error {
 	if r.unproven == nil || !ok {
 		return nil
 	}
-	pctx, cancel := context.WithTimeout(ctx, r.cfg.ProveTimeout)
-	defer cancel()
-	proof, err := p.Prove(pctx)
-	if err == nil {
-		err = proof.Healthy()
-	}
-	if err != nil {
+	if _, err := r.prove(ctx, p); err != nil {
 		return fmt.Errorf("inventory still not proven current (first failure: %v): %w", r.unproven, err)
 	}
 	r.log.Info("inventory proven current again", "after", r.unproven)
 	r.unproven = nil
 	return nil
+}
+
+// prove reads the API server consistently, within ProveTimeout, and
+// returns what it holds if that is healthy.
+func (r *Reclaimer) prove(ctx context.Context, p inventory.Prover) (inventory.Snapshot, error) {
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.ProveTimeout)
+	defer cancel()
+	proof, err := p.Prove(ctx)
+	if err == nil {
+		err = proof.Healthy()
+	}
+	return proof, err
 }
 
 // forget drops every candidate: the next healthy pass only marks.
@@ -343,12 +349,7 @@ func (r *Reclaimer) remove(ctx context.Context, confirmed []candidate, dump []li
 		}
 		snaps := []*inventory.Snapshot{&fresh}
 		if p, ok := r.inv.(inventory.Prover); ok {
-			pctx, cancel := context.WithTimeout(ctx, r.cfg.ProveTimeout)
-			defer cancel()
-			proof, err := p.Prove(pctx)
-			if err == nil {
-				err = proof.Healthy()
-			}
+			proof, err := r.prove(ctx, p)
 			if err != nil {
 				notProven = err
 				return nil, err

@@ -22,7 +22,7 @@ var (
 )
 
 // config uses a bridge where production uses a VRF: this kernel has no VRF
-// support (kernel.md).
+// support (docs/kernel.md).
 func config(owner string) tap.Config {
 	return tap.Config{Identity: id, Owner: owner, MTU: 1450, Master: tap.MasterBridge, Table: table, Routes: routes}
 }
