@@ -24,6 +24,8 @@ import (
 // Sentinel errors of the API the controller uses.
 var (
 	ErrNotFound = errors.New("not found")
+	// ErrExists: the object to create exists already; nothing was written.
+	ErrExists = errors.New("already exists")
 	// ErrQuota: the platform's quota on claims refused a new claim (403).
 	ErrQuota = errors.New("quota on claims exceeded")
 	// ErrPrecondition: the object's UID differs from the one read (409).
@@ -91,6 +93,8 @@ type API interface {
 	// GetNetwork reads past any cache.
 	GetNetwork(ctx context.Context, namespace, name string) (Network, error)
 	GetIdentity(ctx context.Context, namespace, name string) (FabricIdentity, error)
+	// CreateIdentity returns ErrExists, and writes nothing, when the
+	// identity exists already: identities are immutable.
 	CreateIdentity(ctx context.Context, id FabricIdentity) error
 	DeleteIdentity(ctx context.Context, namespace, name string) error
 	// CreateClaim returns ErrQuota or *AllocationRetainedError as the

@@ -229,6 +229,12 @@ type instance struct {
 // acts only as leader.
 func (h *hub) start(t testing.TB, id, lease string) *instance {
 	t.Helper()
+	return h.startWith(t, id, lease, nil)
+}
+
+// startWith is start with the controller's Config adjusted by tune.
+func (h *hub) startWith(t testing.TB, id, lease string, tune func(*hubctl.Config)) *instance {
+	t.Helper()
 	m, err := hubctl.NewMetrics(prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
@@ -238,8 +244,11 @@ func (h *hub) start(t testing.TB, id, lease string) *instance {
 	if err != nil {
 		t.Fatal(err)
 	}
-	in.ctl = hubctl.New(hubctl.NewKube(h.dyn, h.cs, "galactic-hubctl-test"), networks, nil, m, nil,
-		hubctl.Config{PlatformNamespace: h.ns, BaseDelay: 50 * time.Millisecond, MaxDelay: time.Second})
+	cfg := hubctl.Config{PlatformNamespace: h.ns, BaseDelay: 50 * time.Millisecond, MaxDelay: time.Second}
+	if tune != nil {
+		tune(&cfg)
+	}
+	in.ctl = hubctl.New(hubctl.NewKube(h.dyn, h.cs, "galactic-hubctl-test"), networks, nil, m, nil, cfg)
 	ctx, cancel := context.WithCancel(context.Background())
 	in.cancel = cancel
 	go networks.Run(ctx)
@@ -431,3 +440,27 @@ func BenchmarkRelease1000ClaimsOfGoneNetworks(b *testing.B) {
 type noNetworks struct{}
 
 func (noNetworks) Exists(string, string) bool { return false }
+
+// TestReleasesCountOnlyClaimsReallyDeletedOnARealAPIServer: a network that
+// never held a claim (refused by the quota) and is then deleted releases
+// nothing, so releases{released} counts A's claim alone. One worker keeps
+// the order: B's collect is done before A's release is counted.
+func TestReleasesCountOnlyClaimsReallyDeletedOnARealAPIServer(t *testing.T) {
+	h := newHub(t, 1)
+	in := h.startWith(t, "", "", func(c *hubctl.Config) { c.Workers = 1 })
+	h.network(t, "team-m", "net-a")
+	waitFor(t, "A's identity", func() bool { _, ok := h.identity("team-m", "net-a"); return ok })
+	h.network(t, "team-m", "net-b")
+	waitFor(t, "B refused by the quota", func() bool { return testutil.ToFloat64(quotaRefusals(in.metrics)) >= 1 })
+
+	h.cluster.Delete(t, hubctl.NetworkResource, "team-m", "net-b")
+	h.cluster.Delete(t, hubctl.NetworkResource, "team-m", "net-a")
+	released := func() float64 { return testutil.ToFloat64(hubctl.Releases(in.metrics, hubctl.ReleaseReleased)) }
+	waitFor(t, "A's claim released", func() bool {
+		_, err := h.dyn.Resource(hubctl.ClaimResource).Namespace(h.ns).Get(context.Background(), hubctl.ClaimName("team-m", "net-a"), metav1.GetOptions{})
+		return apierrors.IsNotFound(err) && released() >= 1
+	})
+	if got := released(); got != 1 {
+		t.Fatalf("releases{released} = %v for 1 claim deleted", got)
+	}
+}

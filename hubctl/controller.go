@@ -41,8 +41,11 @@ type Controller struct {
 	cfg     Config
 	queue   workqueue.TypedRateLimitingInterface[Key]
 
-	mu      sync.Mutex
-	refused map[string]bool // claims whose release is kept or refused
+	mu sync.Mutex
+	// refused holds the claims whose release is currently kept or
+	// refused, with that result: a retry that meets the same result again
+	// is not a new release outcome and is not counted again.
+	refused map[string]string
 
 	// broken disables safety checks, for the deliberately broken variants
 	// the chaos suite must catch. It is set only by tests (export_test.go).
@@ -71,7 +74,7 @@ func New(api API, cache NetworkCache, place Placement, metrics *Metrics, log *sl
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[Key](cfg.BaseDelay, cfg.MaxDelay),
 			workqueue.TypedRateLimitingQueueConfig[Key]{Name: "networks"}),
-		refused: map[string]bool{},
+		refused: map[string]string{},
 	}
 }
 
@@ -153,7 +156,14 @@ func (c *Controller) ensure(ctx context.Context, key Key) error {
 	if err != nil {
 		return fmt.Errorf("identity of %s from claim %s: %w", key, name, err)
 	}
-	if err := c.api.CreateIdentity(ctx, FabricIdentity{Namespace: key.Namespace, Name: key.Name, Identity: id, NetworkRef: key.Name}); err != nil {
+	// A network that came back under its name holds its claim again: the
+	// claim is no longer one of a gone network whose release is held up.
+	c.forgetRelease(name)
+	err = c.api.CreateIdentity(ctx, FabricIdentity{Namespace: key.Namespace, Name: key.Name, Identity: id, NetworkRef: key.Name})
+	if errors.Is(err, ErrExists) {
+		return nil // another writer was first; this one wrote nothing
+	}
+	if err != nil {
 		return fmt.Errorf("write identity of %s: %w", key, err)
 	}
 	if c.metrics != nil {
@@ -199,6 +209,15 @@ func (c *Controller) claim(ctx context.Context, key Key, name string) (string, e
 // collect takes a network the cache reads as gone: only after a direct read
 // confirms it, the identity, the placement and the claim are given back.
 func (c *Controller) collect(ctx context.Context, key Key) error {
+	_, err := c.collectCounted(ctx, key, false)
+	return err
+}
+
+// collectCounted is collect, counting the claim's release on the sweep's
+// metric when sweep is set and on the releases metric otherwise, never on
+// both. It returns the release result: "" when nothing was released because
+// there was no claim (or the network lives).
+func (c *Controller) collectCounted(ctx context.Context, key Key, sweep bool) (string, error) {
 	_, err := c.api.GetNetwork(ctx, key.Namespace, key.Name)
 	if c.broken.directRead {
 		err = ErrNotFound
@@ -206,23 +225,39 @@ func (c *Controller) collect(ctx context.Context, key Key) error {
 	switch {
 	case err == nil:
 		c.log.Info("network the cache reads as gone still lives; nothing collected", "network", key.String())
-		return nil
+		return "", nil
 	case !errors.Is(err, ErrNotFound):
-		return fmt.Errorf("confirm %s is gone: %w", key, err)
+		return c.failedBeforeRelease(sweep), fmt.Errorf("confirm %s is gone: %w", key, err)
 	}
 	if err := c.api.DeleteIdentity(ctx, key.Namespace, key.Name); err != nil && !errors.Is(err, ErrNotFound) {
-		return fmt.Errorf("delete identity of %s: %w", key, err)
+		return c.failedBeforeRelease(sweep), fmt.Errorf("delete identity of %s: %w", key, err)
 	}
 	if err := c.place.Unplace(ctx, key.Namespace, key.Name); err != nil {
-		return fmt.Errorf("unplace %s: %w", key, err)
+		return c.failedBeforeRelease(sweep), fmt.Errorf("unplace %s: %w", key, err)
 	}
-	result, err := c.release(ctx, ClaimName(key.Namespace, key.Name))
-	c.countRelease(ClaimName(key.Namespace, key.Name), result, false)
+	name := ClaimName(key.Namespace, key.Name)
+	result, err := c.release(ctx, name)
+	c.countRelease(name, result, sweep)
 	if err != nil {
-		return fmt.Errorf("release claim of %s: %w", key, err)
+		return result, fmt.Errorf("release claim of %s: %w", key, err)
 	}
-	return nil
+	return result, nil
 }
+
+// failedBeforeRelease: the claim was not reached. The sweep still counts the
+// claim it looked at, as error; the releases metric counts releases tried,
+// and none was.
+func (c *Controller) failedBeforeRelease(sweep bool) string {
+	if sweep && c.metrics != nil {
+		c.metrics.sweep.WithLabelValues(ReleaseError).Inc()
+	}
+	return ReleaseError
+}
+
+// releaseNone is release's result when the gone network held no claim (it
+// was refused by the quota, or adopted its block): nothing was released, so
+// nothing is counted.
+const releaseNone = ""
 
 // release deletes a gone network's claim when its allocation is recorded
 // Retain, with the claim's UID as precondition.
@@ -236,7 +271,7 @@ func (c *Controller) release(ctx context.Context, name string) (string, error) {
 	ns := c.cfg.PlatformNamespace
 	claim, err := c.api.GetClaim(ctx, ns, name)
 	if errors.Is(err, ErrNotFound) {
-		return ReleaseReleased, nil
+		return releaseNone, nil
 	}
 	if err != nil {
 		return ReleaseError, fmt.Errorf("read claim %s: %w", name, err)
@@ -269,12 +304,18 @@ func (c *Controller) release(ctx context.Context, name string) (string, error) {
 	}
 }
 
+// countRelease records a release result once: released each time a claim
+// is deleted, error on each failed attempt, kept and refused only when a
+// claim first meets that result, since the retries of a held-up release are
+// not new releases. The sweep counts on its own metric alone.
 func (c *Controller) countRelease(claim, result string, sweep bool) {
 	c.mu.Lock()
+	first := true
 	switch result {
 	case ReleaseKept, ReleaseRefused:
-		c.refused[claim] = true
-	case ReleaseReleased:
+		first = c.refused[claim] != result
+		c.refused[claim] = result
+	case ReleaseReleased, releaseNone:
 		delete(c.refused, claim)
 	}
 	n := len(c.refused)
@@ -282,12 +323,28 @@ func (c *Controller) countRelease(claim, result string, sweep bool) {
 	if c.metrics == nil {
 		return
 	}
+	c.metrics.refused.Set(float64(n))
+	// The sweep looks at each claim once, so it counts whatever it met.
+	if result == releaseNone || (!first && !sweep) {
+		return
+	}
 	if sweep {
 		c.metrics.sweep.WithLabelValues(result).Inc()
 	} else {
 		c.metrics.releases.WithLabelValues(result).Inc()
 	}
-	c.metrics.refused.Set(float64(n))
+}
+
+// forgetRelease drops claim from the held-up releases: its network lives.
+func (c *Controller) forgetRelease(claim string) {
+	c.mu.Lock()
+	_, held := c.refused[claim]
+	delete(c.refused, claim)
+	n := len(c.refused)
+	c.mu.Unlock()
+	if held && c.metrics != nil {
+		c.metrics.refused.Set(float64(n))
+	}
 }
 
 // Sweep releases, once, every fabric-identity claim whose network a direct
@@ -350,13 +407,12 @@ func (c *Controller) sweepClaim(ctx context.Context, cl Claim) {
 		count(ReleaseError)
 		return
 	}
-	if err := c.collect(ctx, Key{ns, name}); err != nil {
+	// collectCounted counts the claim on the sweep's metric, with the
+	// result the release met: kept, refused, released or error.
+	if _, err := c.collectCounted(ctx, Key{ns, name}, true); err != nil {
 		c.log.Warn("startup sweep: release failed, retrying with backoff", "claim", cl.Name, "error", err)
 		c.queue.AddRateLimited(Key{ns, name})
-		count(ReleaseError)
-		return
 	}
-	count(ReleaseReleased)
 }
 
 // RefusedClaims returns the claims whose release is currently kept or

@@ -85,6 +85,9 @@ func (s *addressService) GetIdentity(_ context.Context, ns, name string) (Fabric
 func (s *addressService) CreateIdentity(_ context.Context, id FabricIdentity) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if _, ok := s.identities[Key{id.Namespace, id.Name}]; ok {
+		return ErrExists
+	}
 	s.identities[Key{id.Namespace, id.Name}] = id
 	return nil
 }

@@ -90,7 +90,8 @@ func (k *Kube) GetIdentity(ctx context.Context, ns, name string) (FabricIdentity
 	return FabricIdentity{Namespace: ns, Name: name, Identity: uint32(id), NetworkRef: ref}, nil
 }
 
-// CreateIdentity implements API; an identity that exists already is kept.
+// CreateIdentity implements API; an identity that exists already is kept
+// and ErrExists returned, so that the caller counts only what it wrote.
 func (k *Kube) CreateIdentity(ctx context.Context, id FabricIdentity) error {
 	u := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": "cloud.datumapis.com/v1alpha1", "kind": "NetworkFabricIdentity",
@@ -99,7 +100,7 @@ func (k *Kube) CreateIdentity(ctx context.Context, id FabricIdentity) error {
 	}}
 	_, err := k.dyn.Resource(FabricIdentityResource).Namespace(id.Namespace).Create(ctx, u, metav1.CreateOptions{})
 	if apierrors.IsAlreadyExists(err) {
-		return nil
+		return fmt.Errorf("create identity %s/%s: %w: %w", id.Namespace, id.Name, ErrExists, err)
 	}
 	return mapErr(err)
 }

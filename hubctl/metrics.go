@@ -24,7 +24,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	m := &Metrics{
 		releases: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "galactic_hub_claim_releases_total",
-			Help: "Fabric-identity claim releases of gone networks, by result: released, kept, refused, error.",
+			Help: "Fabric-identity claim releases of gone networks outside the startup sweep, by result: released (a claim deleted), kept and refused (a claim first held up so), error (each failed attempt).",
 		}, []string{"result"}),
 		refused: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "galactic_hub_claims_release_refused",
@@ -32,15 +32,15 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		}),
 		sweep: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "galactic_hub_startup_sweep_claims_total",
-			Help: "Claims the startup sweep looked at, by result: live, released, kept, refused, error.",
+			Help: "Fabric-identity claims the startup sweep looked at, each counted once by result: live, released, kept, refused, error.",
 		}, []string{"result"}),
 		quotaRefusals: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "galactic_hub_claim_quota_refusals_total",
-			Help: "New fabric-identity claims refused by the platform's quota on claims.",
+			Help: "Creates of fabric-identity claims refused by the platform's quota on claims, one per refused create.",
 		}),
 		identitiesMade: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "galactic_hub_identities_written_total",
-			Help: "NetworkFabricIdentities written.",
+			Help: "NetworkFabricIdentities this instance created (an identity found existing is not counted).",
 		}),
 	}
 	for _, r := range []string{ReleaseReleased, ReleaseKept, ReleaseRefused, ReleaseError} {
@@ -60,3 +60,6 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 // dashboards built in Go.
 func QuotaRefusals(m *Metrics) prometheus.Collector     { return m.quotaRefusals }
 func IdentitiesWritten(m *Metrics) prometheus.Collector { return m.identitiesMade }
+
+// Releases exposes one result of galactic_hub_claim_releases_total.
+func Releases(m *Metrics, result string) prometheus.Collector { return m.releases.WithLabelValues(result) }
