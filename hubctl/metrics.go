@@ -62,4 +62,6 @@ func QuotaRefusals(m *Metrics) prometheus.Collector     { return m.quotaRefusals
 func IdentitiesWritten(m *Metrics) prometheus.Collector { return m.identitiesMade }
 
 // Releases exposes one result of galactic_hub_claim_releases_total.
-func Releases(m *Metrics, result string) prometheus.Collector { return m.releases.WithLabelValues(result) }
+func Releases(m *Metrics, result string) prometheus.Collector {
+	return m.releases.WithLabelValues(result)
+}
