@@ -16,7 +16,24 @@ type LeaseTiming struct {
 	Duration, RenewDeadline, RetryPeriod time.Duration
 }
 
-// DefaultLeaseTiming is client-go's usual timing.
+// Validate refuses a timing client-go's elector would refuse, with the
+// flags' names: the lease must outlast the renew deadline, which must
+// outlast the retry period with client-go's jitter.
+func (t LeaseTiming) Validate() error {
+	switch {
+	case t.RetryPeriod <= 0:
+		return fmt.Errorf("--leader-elect-retry-period %s: want above 0", t.RetryPeriod)
+	case t.RenewDeadline <= time.Duration(leaderelection.JitterFactor*float64(t.RetryPeriod)):
+		return fmt.Errorf("--leader-elect-renew-deadline %s: want above %v times --leader-elect-retry-period %s",
+			t.RenewDeadline, leaderelection.JitterFactor, t.RetryPeriod)
+	case t.Duration <= t.RenewDeadline:
+		return fmt.Errorf("--leader-elect-lease-duration %s: want above --leader-elect-renew-deadline %s", t.Duration, t.RenewDeadline)
+	}
+	return nil
+}
+
+// DefaultLeaseTiming is client-go's usual timing, and kube-controller-manager's
+// defaults for the --leader-elect-* flags.
 var DefaultLeaseTiming = LeaseTiming{Duration: 15 * time.Second, RenewDeadline: 10 * time.Second, RetryPeriod: 2 * time.Second}
 
 // RunAsLeader campaigns for the Lease namespace/name as id and calls lead

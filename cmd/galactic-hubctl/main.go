@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -43,6 +44,12 @@ func main() {
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	return runEnv(ctx, args, os.LookupEnv, stdout, stderr)
+}
+
+// runEnv is run with the environment read through lookupEnv, so that tests
+// set GALACTIC_* without touching the process's environment.
+func runEnv(ctx context.Context, args []string, lookupEnv func(string) (string, bool), stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("galactic-hubctl", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	kubeconfig := fs.String("kubeconfig", "", "kubeconfig file (default: in-cluster configuration)")
@@ -55,8 +62,30 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	listen := fs.String("listen", ":9181", "address of /metrics, /healthz and /readyz")
 	logFormat := fs.String("log-format", "json", "json or text")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	// client-go's default of 5 requests/s with a burst of 10 starves a hub:
+	// a release is five requests, so 150 deletes waited minutes on the
+	// limiter. These defaults let a hub settle a burst of churn in seconds
+	// while still bounding what one controller can ask of the API server.
+	qps := fs.Float64("kube-api-qps", 50, "requests per second to the API server, sustained")
+	burst := fs.Int("kube-api-burst", 100, "requests to the API server in a burst")
+	leaseDuration := fs.Duration("leader-elect-lease-duration", hubctl.DefaultLeaseTiming.Duration,
+		"how long a follower waits after the last renewal before it takes the Lease: the failover time after a crash")
+	renewDeadline := fs.Duration("leader-elect-renew-deadline", hubctl.DefaultLeaseTiming.RenewDeadline,
+		"how long the leader tries to renew before it gives up leading; shorter than the lease duration")
+	retryPeriod := fs.Duration("leader-elect-retry-period", hubctl.DefaultLeaseTiming.RetryPeriod,
+		"how often instances try to acquire or renew the Lease")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if err := envFlags(fs, lookupEnv); err != nil {
+		return err
+	}
+	if *qps <= 0 || *burst <= 0 {
+		return fmt.Errorf("--kube-api-qps %v and --kube-api-burst %d: want both above 0", *qps, *burst)
+	}
+	timing := hubctl.LeaseTiming{Duration: *leaseDuration, RenewDeadline: *renewDeadline, RetryPeriod: *retryPeriod}
+	if err := timing.Validate(); err != nil {
 		return err
 	}
 	if *showVersion {
@@ -101,6 +130,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("kubernetes configuration: %w", err)
 	}
+	cfg.QPS, cfg.Burst = float32(*qps), *burst
 	dyn, err := dynamic.NewForConfig(cfg)
 	if err != nil {
 		return err
@@ -146,8 +176,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		log.Info("serving metrics and health", "address", l.Addr().String())
 	}
 
-	log.Info("galactic-hubctl starting", "version", version, "platform_namespace", *platform, "lease", *leaseNS+"/"+*leaseName)
-	err = hubctl.RunAsLeader(ctx, cs, *leaseNS, *leaseName, *id, hubctl.DefaultLeaseTiming, func(lctx context.Context) {
+	log.Info("galactic-hubctl starting", "version", version, "platform_namespace", *platform, "lease", *leaseNS+"/"+*leaseName,
+		"kube_api_qps", cfg.QPS, "kube_api_burst", cfg.Burst, "lease_duration", timing.Duration.String(),
+		"renew_deadline", timing.RenewDeadline.String(), "retry_period", timing.RetryPeriod.String())
+	err = hubctl.RunAsLeader(ctx, cs, *leaseNS, *leaseName, *id, timing, func(lctx context.Context) {
 		log.Info("leading: reconciling")
 		if !cache.WaitForCacheSync(lctx.Done(), networks.HasSynced) {
 			return
@@ -162,4 +194,25 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	log.Info("stopped")
 	return nil
+}
+
+// envFlags sets every flag not given on the command line from
+// GALACTIC_<FLAG> (upper case, dashes as underscores), if set, as
+// galactic-node does: the command line wins over the environment.
+func envFlags(fs *flag.FlagSet, lookupEnv func(string) (string, bool)) error {
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	var errs []error
+	fs.VisitAll(func(f *flag.Flag) {
+		if given[f.Name] {
+			return
+		}
+		env := "GALACTIC_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
+		if v, ok := lookupEnv(env); ok {
+			if err := fs.Set(f.Name, v); err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", env, err))
+			}
+		}
+	})
+	return errors.Join(errs...)
 }
