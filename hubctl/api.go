@@ -112,6 +112,8 @@ type API interface {
 // NetworkCache answers from the informer's cache whether a network exists.
 type NetworkCache interface {
 	Exists(namespace, name string) bool
+	// UID is the cached network's UID, for the events recorded on it.
+	UID(namespace, name string) (types.UID, bool)
 }
 
 // Placement places networks at locations; collecting a network unplaces it.

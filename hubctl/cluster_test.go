@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
@@ -248,7 +249,9 @@ func (h *hub) startWith(t testing.TB, id, lease string, tune func(*hubctl.Config
 	if tune != nil {
 		tune(&cfg)
 	}
-	in.ctl = hubctl.New(hubctl.NewKube(h.dyn, h.cs, "galactic-hubctl-test"), networks, nil, m, nil, cfg)
+	kube := hubctl.NewKube(h.dyn, h.cs, "galactic-hubctl-test")
+	t.Cleanup(kube.Shutdown)
+	in.ctl = hubctl.New(kube, networks, nil, m, nil, cfg)
 	ctx, cancel := context.WithCancel(context.Background())
 	in.cancel = cancel
 	go networks.Run(ctx)
@@ -441,6 +444,8 @@ type noNetworks struct{}
 
 func (noNetworks) Exists(string, string) bool { return false }
 
+func (noNetworks) UID(string, string) (types.UID, bool) { return "", false }
+
 // TestReleasesCountOnlyClaimsReallyDeletedOnARealAPIServer: a network that
 // never held a claim (refused by the quota) and is then deleted releases
 // nothing, so releases{released} counts A's claim alone. One worker keeps
@@ -462,5 +467,41 @@ func TestReleasesCountOnlyClaimsReallyDeletedOnARealAPIServer(t *testing.T) {
 	})
 	if got := released(); got != 1 {
 		t.Fatalf("releases{released} = %v for 1 claim deleted", got)
+	}
+}
+
+// TestAQuotaRefusalIsOneEventWithTheNetworksUIDOnARealAPIServer: repeated
+// refusals of one network aggregate into one Event whose count grows, and
+// whose involvedObject carries the network's UID.
+func TestAQuotaRefusalIsOneEventWithTheNetworksUIDOnARealAPIServer(t *testing.T) {
+	h := newHub(t, 1)
+	in := h.start(t, "", "")
+	h.network(t, "team-e", "net-a")
+	waitFor(t, "A's identity", func() bool { _, ok := h.identity("team-e", "net-a"); return ok })
+	h.network(t, "team-e", "net-b")
+	b, err := h.dyn.Resource(hubctl.NetworkResource).Namespace("team-e").Get(context.Background(), "net-b", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "B refused three times", func() bool { return testutil.ToFloat64(quotaRefusals(in.metrics)) >= 3 })
+	var refusals []corev1.Event
+	waitFor(t, "the refusals recorded as one Event counted more than once", func() bool {
+		events, err := h.cs.CoreV1().Events("team-e").List(context.Background(), metav1.ListOptions{})
+		if err != nil {
+			return false
+		}
+		refusals = refusals[:0]
+		for _, e := range events.Items {
+			if e.Reason == "FabricIdentityQuotaExceeded" && e.InvolvedObject.Name == "net-b" {
+				refusals = append(refusals, e)
+			}
+		}
+		return len(refusals) > 1 || (len(refusals) == 1 && refusals[0].Count >= 2)
+	})
+	if len(refusals) != 1 {
+		t.Fatalf("%d Events for one network's refusals, want 1 with a count", len(refusals))
+	}
+	if got := refusals[0].InvolvedObject.UID; got != b.GetUID() {
+		t.Fatalf("the Event's involvedObject UID is %q, want the network's %q", got, b.GetUID())
 	}
 }

@@ -198,7 +198,10 @@ func (c *Controller) claim(ctx context.Context, key Key, name string) (string, e
 		if c.metrics != nil {
 			c.metrics.quotaRefusals.Inc()
 		}
-		c.api.Event(ctx, Network{Namespace: key.Namespace, Name: key.Name}, true, "FabricIdentityQuotaExceeded",
+		// The UID ties the event to this network and not to an earlier one
+		// of the same name.
+		uid, _ := c.cache.UID(key.Namespace, key.Name)
+		c.api.Event(ctx, Network{Namespace: key.Namespace, Name: key.Name, UID: uid}, true, "FabricIdentityQuotaExceeded",
 			"the platform's quota on address claims refused claim "+name+"; retrying with backoff")
 		return "", fmt.Errorf("claim %s for %s: %w", name, key, err)
 	default:

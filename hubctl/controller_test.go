@@ -65,7 +65,7 @@ func TestAGoneNetworkGivesItsQuotaUnitBack(t *testing.T) {
 	if err := s.reconcile(t, "team", "b"); !errors.Is(err, ErrQuota) {
 		t.Fatalf("B while A holds the only unit: %v, want ErrQuota", err)
 	}
-	if len(s.svc.events) != 1 || !strings.Contains(s.svc.events[0], "FabricIdentityQuotaExceeded") {
+	if len(s.svc.events) != 1 || !strings.Contains(s.svc.events[0], "FabricIdentityQuotaExceeded") || !strings.Contains(s.svc.events[0], "uid=team/b") {
 		t.Fatalf("events: %v", s.svc.events)
 	}
 	if v := testutil.ToFloat64(s.m.quotaRefusals); v != 1 {

@@ -46,6 +46,12 @@ type fakeCache map[Key]bool
 
 func (c fakeCache) Exists(ns, name string) bool { return c[Key{ns, name}] }
 
+// UID is the namespace/name key itself: distinct per network, and enough
+// to check that events carry it.
+func (c fakeCache) UID(ns, name string) (types.UID, bool) {
+	return types.UID(ns + "/" + name), c[Key{ns, name}]
+}
+
 func (s *addressService) addNetwork(ns, name string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -202,7 +208,7 @@ func (s *addressService) GetAllocation(_ context.Context, _, name string) (Alloc
 func (s *addressService) Event(_ context.Context, n Network, _ bool, reason, msg string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.events = append(s.events, n.Namespace+"/"+n.Name+" "+reason+": "+msg)
+	s.events = append(s.events, n.Namespace+"/"+n.Name+" uid="+string(n.UID)+" "+reason+": "+msg)
 }
 
 var errInjected = errors.New("injected fault")

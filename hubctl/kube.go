@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -17,7 +16,10 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
 )
 
 // Resources the controller reads and writes.
@@ -37,15 +39,23 @@ const (
 
 // Kube is the API over a real API server.
 type Kube struct {
-	dyn    dynamic.Interface
-	events kubernetes.Interface
-	source string
+	dyn         dynamic.Interface
+	broadcaster record.EventBroadcaster
+	recorder    record.EventRecorder
 }
 
 // NewKube returns the API over dyn, recording events through cs as source.
+// Events go through client-go's recorder, whose correlator turns a repeated
+// event into one Event with a growing count instead of a new object each
+// time; call Shutdown to flush and stop it.
 func NewKube(dyn dynamic.Interface, cs kubernetes.Interface, source string) *Kube {
-	return &Kube{dyn: dyn, events: cs, source: source}
+	b := record.NewBroadcaster()
+	b.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: cs.CoreV1().Events("")})
+	return &Kube{dyn: dyn, broadcaster: b, recorder: b.NewRecorder(scheme.Scheme, corev1.EventSource{Component: source})}
 }
+
+// Shutdown stops recording events.
+func (k *Kube) Shutdown() { k.broadcaster.Shutdown() }
 
 // mapErr turns API errors into this package's sentinels, keeping the
 // original for its message.
@@ -205,20 +215,15 @@ func (k *Kube) GetAllocation(ctx context.Context, ns, name string) (Allocation, 
 		AllocatedCIDR: str("status", "allocatedCIDR")}, nil
 }
 
-// Event implements API. A failure to record is logged by the caller's
-// retries, never fatal: events are for people.
-func (k *Kube) Event(ctx context.Context, n Network, warning bool, reason, message string) {
+// Event implements API. Recording is asynchronous and never fails the
+// caller: events are for people.
+func (k *Kube) Event(_ context.Context, n Network, warning bool, reason, message string) {
 	typ := corev1.EventTypeNormal
 	if warning {
 		typ = corev1.EventTypeWarning
 	}
-	now := metav1.NewTime(time.Now())
-	_, _ = k.events.CoreV1().Events(n.Namespace).Create(ctx, &corev1.Event{
-		ObjectMeta:     metav1.ObjectMeta{GenerateName: n.Name + ".", Namespace: n.Namespace},
-		InvolvedObject: corev1.ObjectReference{APIVersion: "networking.datumapis.com/v1alpha", Kind: "Network", Namespace: n.Namespace, Name: n.Name, UID: n.UID},
-		Reason:         reason, Message: message, Type: typ, Source: corev1.EventSource{Component: k.source},
-		FirstTimestamp: now, LastTimestamp: now, Count: 1,
-	}, metav1.CreateOptions{})
+	k.recorder.Event(&corev1.ObjectReference{APIVersion: "networking.datumapis.com/v1alpha", Kind: "Network",
+		Namespace: n.Namespace, Name: n.Name, UID: n.UID}, typ, reason, message)
 }
 
 // NetworkInformer watches Networks, keeps only their keys, and calls
@@ -266,6 +271,19 @@ func (n *NetworkInformer) Run(ctx context.Context) { n.informer.RunWithContext(c
 
 // HasSynced reports whether the initial list has been read.
 func (n *NetworkInformer) HasSynced() bool { return n.informer.HasSynced() }
+
+// UID implements NetworkCache.
+func (n *NetworkInformer) UID(ns, name string) (types.UID, bool) {
+	obj, ok, err := n.informer.GetIndexer().GetByKey(ns + "/" + name)
+	if !ok || err != nil {
+		return "", false
+	}
+	m, isMeta := obj.(metav1.Object)
+	if !isMeta {
+		return "", false
+	}
+	return m.GetUID(), true
+}
 
 // Exists implements NetworkCache.
 func (n *NetworkInformer) Exists(ns, name string) bool {

@@ -151,7 +151,9 @@ func runEnv(ctx context.Context, args []string, lookupEnv func(string) (string, 
 	if err != nil {
 		return err
 	}
-	ctl = hubctl.New(hubctl.NewKube(dyn, cs, "galactic-hubctl"), networks, nil, metrics, log,
+	kube := hubctl.NewKube(dyn, cs, "galactic-hubctl")
+	defer kube.Shutdown()
+	ctl = hubctl.New(kube, networks, nil, metrics, log,
 		hubctl.Config{PlatformNamespace: *platform, ClassName: *className, Workers: *workers})
 	go networks.Run(ctx)
 
