@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/datum-cloud/galactic-node/internal/nettest"
@@ -69,7 +70,17 @@ func newRuntime(t testing.TB, h *cniHost) *runtime {
 		t.Fatal(err)
 	}
 	cache := t.TempDir()
-	return &runtime{h: h, cache: cache, cni: libcni.NewCNIConfigWithCacheDir([]string{bin, stockPlugins(t)}, cache, nil)}
+	// The plugins' logs go to the test's log, not the benchmark's output.
+	exec := &invoke.DefaultExec{RawExec: &invoke.RawExec{Stderr: testLog{t}}}
+	return &runtime{h: h, cache: cache, cni: libcni.NewCNIConfigWithCacheDir([]string{bin, stockPlugins(t)}, cache, exec)}
+}
+
+// testLog writes to a test's log, shown with -v or when it fails.
+type testLog struct{ tb testing.TB }
+
+func (w testLog) Write(p []byte) (int, error) {
+	w.tb.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
 }
 
 // in runs fn with the calling thread in the host namespace: the plugins
