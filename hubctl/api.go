@@ -77,6 +77,8 @@ type Claim struct {
 	Phase                         string // Pending, Bound, Releasing, Error
 	AllocatedCIDR                 string
 	BoundAllocation               string
+	// Deleting: the claim's delete was accepted and waits on finalizers.
+	Deleting bool
 }
 
 // Allocation is an IPAllocation.

@@ -254,9 +254,17 @@ func (h *hub) startWith(t testing.TB, id, lease string, tune func(*hubctl.Config
 	in.ctl = hubctl.New(kube, networks, nil, m, nil, cfg)
 	ctx, cancel := context.WithCancel(context.Background())
 	in.cancel = cancel
+	claims, err := hubctl.NewClaimInformer(h.dyn, h.ns, hubctl.ClaimEvents{
+		Bound: func(ns, name string) { in.ctl.ClaimBound(ns, name) },
+		Gone:  func() { in.ctl.ClaimGone() },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 	go networks.Run(ctx)
+	go claims.Run(ctx)
 	run := func(ctx context.Context) {
-		if cache.WaitForCacheSync(ctx.Done(), networks.HasSynced) {
+		if cache.WaitForCacheSync(ctx.Done(), networks.HasSynced, claims.HasSynced) {
 			in.ctl.Run(ctx)
 		}
 	}
@@ -476,17 +484,18 @@ func TestReleasesCountOnlyClaimsReallyDeletedOnARealAPIServer(t *testing.T) {
 func TestAQuotaRefusalIsOneEventWithTheNetworksUIDOnARealAPIServer(t *testing.T) {
 	h := newHub(t, 1)
 	in := h.start(t, "", "")
-	h.network(t, "team-e", "net-a")
-	waitFor(t, "A's identity", func() bool { _, ok := h.identity("team-e", "net-a"); return ok })
-	h.network(t, "team-e", "net-b")
-	b, err := h.dyn.Resource(hubctl.NetworkResource).Namespace("team-e").Get(context.Background(), "net-b", metav1.GetOptions{})
+	team := "e-" + h.ns // Events outlive the test: a fresh namespace per run
+	h.network(t, team, "net-a")
+	waitFor(t, "A's identity", func() bool { _, ok := h.identity(team, "net-a"); return ok })
+	h.network(t, team, "net-b")
+	b, err := h.dyn.Resource(hubctl.NetworkResource).Namespace(team).Get(context.Background(), "net-b", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "B refused three times", func() bool { return testutil.ToFloat64(quotaRefusals(in.metrics)) >= 3 })
 	var refusals []corev1.Event
 	waitFor(t, "the refusals recorded as one Event counted more than once", func() bool {
-		events, err := h.cs.CoreV1().Events("team-e").List(context.Background(), metav1.ListOptions{})
+		events, err := h.cs.CoreV1().Events(team).List(context.Background(), metav1.ListOptions{})
 		if err != nil {
 			return false
 		}
@@ -504,4 +513,30 @@ func TestAQuotaRefusalIsOneEventWithTheNetworksUIDOnARealAPIServer(t *testing.T)
 	if got := refusals[0].InvolvedObject.UID; got != b.GetUID() {
 		t.Fatalf("the Event's involvedObject UID is %q, want the network's %q", got, b.GetUID())
 	}
+}
+
+// slowBackoff makes the backoff too long to reach an identity in a test: an
+// identity then comes only from the claim watch's requeue.
+func slowBackoff(c *hubctl.Config) { c.BaseDelay, c.MaxDelay = 10*time.Minute, 10*time.Minute }
+
+// TestABoundClaimRequeuesItsNetworkOnARealAPIServer: the identity follows
+// the address service's bind, not the network's backoff.
+func TestABoundClaimRequeuesItsNetworkOnARealAPIServer(t *testing.T) {
+	h := newHub(t, 5)
+	h.startWith(t, "", "", slowBackoff)
+	h.network(t, "team-w", "net-a")
+	waitFor(t, "A's identity after its claim binds", func() bool { _, ok := h.identity("team-w", "net-a"); return ok })
+}
+
+// TestAFreedUnitRequeuesTheRefusedNetworkOnARealAPIServer: when a claim
+// goes away, a network refused for quota tries again at once.
+func TestAFreedUnitRequeuesTheRefusedNetworkOnARealAPIServer(t *testing.T) {
+	h := newHub(t, 1)
+	in := h.startWith(t, "", "", slowBackoff)
+	h.network(t, "team-w", "net-a")
+	waitFor(t, "A's identity", func() bool { _, ok := h.identity("team-w", "net-a"); return ok })
+	h.network(t, "team-w", "net-b")
+	waitFor(t, "B refused by the quota", func() bool { return testutil.ToFloat64(quotaRefusals(in.metrics)) >= 1 })
+	h.cluster.Delete(t, hubctl.NetworkResource, "team-w", "net-a")
+	waitFor(t, "B's identity once A's unit is free", func() bool { _, ok := h.identity("team-w", "net-b"); return ok })
 }

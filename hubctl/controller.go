@@ -46,6 +46,11 @@ type Controller struct {
 	// refused, with that result: a retry that meets the same result again
 	// is not a new release outcome and is not counted again.
 	refused map[string]string
+	// quotaWaiting holds the networks whose last claim was refused by the
+	// quota, to be tried again as soon as a claim goes away.
+	quotaWaiting map[Key]bool
+	// claimGoneAt is when a claim was last deleted; see freedUnitWindow.
+	claimGoneAt time.Time
 
 	// broken disables safety checks, for the deliberately broken variants
 	// the chaos suite must catch. It is set only by tests (export_test.go).
@@ -74,12 +79,57 @@ func New(api API, cache NetworkCache, place Placement, metrics *Metrics, log *sl
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[Key](cfg.BaseDelay, cfg.MaxDelay),
 			workqueue.TypedRateLimitingQueueConfig[Key]{Name: "networks"}),
-		refused: map[string]string{},
+		refused: map[string]string{}, quotaWaiting: map[Key]bool{},
 	}
 }
 
 // Enqueue asks for namespace/name to be reconciled.
 func (c *Controller) Enqueue(namespace, name string) { c.queue.Add(Key{namespace, name}) }
+
+// ClaimBound is told that the claim of network namespace/name is bound: the
+// network is reconciled now rather than when its backoff ends.
+func (c *Controller) ClaimBound(namespace, name string) { c.Enqueue(namespace, name) }
+
+// ClaimGone is told that a claim was deleted, which may have freed a quota
+// unit: every network refused for quota is tried again now. All of them,
+// since which one the quota admits is the API server's race to decide; the
+// losers are refused once more and back off as before.
+func (c *Controller) ClaimGone() {
+	c.mu.Lock()
+	c.claimGoneAt = time.Now()
+	waiting := make([]Key, 0, len(c.quotaWaiting))
+	for k := range c.quotaWaiting {
+		waiting = append(waiting, k)
+	}
+	c.mu.Unlock()
+	for _, k := range waiting {
+		c.queue.Add(k)
+	}
+}
+
+// freedUnitWindow is how long after a claim is deleted a quota refusal is
+// retried every freedUnitPoll rather than with backoff: long enough for the
+// quota's usage to be recounted, short enough to bound the polling.
+const (
+	freedUnitWindow = 3 * time.Second
+	freedUnitPoll   = 100 * time.Millisecond
+)
+
+func (c *Controller) unitJustFreed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return !c.claimGoneAt.IsZero() && time.Since(c.claimGoneAt) < freedUnitWindow
+}
+
+func (c *Controller) setQuotaWaiting(k Key, waiting bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if waiting {
+		c.quotaWaiting[k] = true
+	} else {
+		delete(c.quotaWaiting, k)
+	}
+}
 
 // Run sweeps once, then reconciles queued networks until ctx ends. Call it
 // on the leader only, after the network cache has synced.
@@ -105,6 +155,13 @@ func (c *Controller) processNext(ctx context.Context) bool {
 	}
 	defer c.queue.Done(key)
 	if err := c.Reconcile(ctx, key); err != nil {
+		if errors.Is(err, ErrQuota) && c.unitJustFreed() {
+			// The quota's usage is recounted after a claim is deleted, not
+			// with it: a retry right after the delete can still be refused.
+			// Poll briefly instead of backing off for minutes.
+			c.queue.AddAfter(key, freedUnitPoll)
+			return true
+		}
 		c.log.Warn("reconcile failed, retrying with backoff", "network", key.String(), "error", err,
 			"retries", c.queue.NumRequeues(key))
 		c.queue.AddRateLimited(key)
@@ -118,8 +175,11 @@ func (c *Controller) processNext(ctx context.Context) bool {
 // for a live network, collected for a gone one.
 func (c *Controller) Reconcile(ctx context.Context, key Key) error {
 	if c.cache.Exists(key.Namespace, key.Name) {
-		return c.ensure(ctx, key)
+		err := c.ensure(ctx, key)
+		c.setQuotaWaiting(key, errors.Is(err, ErrQuota))
+		return err
 	}
+	c.setQuotaWaiting(key, false)
 	return c.collect(ctx, key)
 }
 
@@ -278,6 +338,11 @@ func (c *Controller) release(ctx context.Context, name string) (string, error) {
 	}
 	if err != nil {
 		return ReleaseError, fmt.Errorf("read claim %s: %w", name, err)
+	}
+	if claim.Deleting {
+		// An earlier pass released it and counted it; the address
+		// service's finalizer is still settling the allocation.
+		return releaseNone, nil
 	}
 	allocName := claim.BoundAllocation
 	if allocName == "" {

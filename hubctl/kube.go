@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -174,6 +175,7 @@ func claimFrom(u *unstructured.Unstructured) Claim {
 		NetworkNamespace: ann[AnnotationNetworkNamespace], NetworkName: ann[AnnotationNetworkName],
 		ClassName: str("spec", "className"), PrefixLength: int(prefix), ReclaimPolicy: str("spec", "reclaimPolicy"),
 		Phase: str("status", "phase"), AllocatedCIDR: str("status", "allocatedCIDR"), BoundAllocation: bound,
+		Deleting: u.GetDeletionTimestamp() != nil,
 	}
 }
 
@@ -290,3 +292,96 @@ func (n *NetworkInformer) Exists(ns, name string) bool {
 	_, ok, err := n.informer.GetIndexer().GetByKey(ns + "/" + name)
 	return ok && err == nil
 }
+
+// ClaimInformer watches the claims in the platform namespace, so that a
+// network learns at once that its claim was bound, and networks refused for
+// quota learn at once that a unit was freed, instead of waiting out their
+// backoff. It keeps only what that needs: name, the network annotations and
+// the phase.
+type ClaimInformer struct {
+	informer cache.SharedIndexInformer
+}
+
+// ClaimEvents are what a ClaimInformer reports.
+type ClaimEvents struct {
+	// Bound is called when the claim of network namespace/name is seen
+	// bound.
+	Bound func(namespace, name string)
+	// Gone is called when a claim is deleted: a quota unit may be free.
+	Gone func()
+}
+
+// NewClaimInformer returns an informer over the claims in namespace.
+func NewClaimInformer(dyn dynamic.Interface, namespace string, on ClaimEvents) (*ClaimInformer, error) {
+	ri := dyn.Resource(ClaimResource).Namespace(namespace)
+	lw := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			return ri.List(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			return ri.Watch(ctx, o)
+		},
+	}
+	inf := cache.NewSharedIndexInformerWithOptions(lw, &unstructured.Unstructured{}, cache.SharedIndexInformerOptions{ObjectDescription: "ipclaims"})
+	if err := inf.SetTransform(trimClaim); err != nil {
+		return nil, fmt.Errorf("claim informer: %w", err)
+	}
+	bound := func(obj any) {
+		u, ok := obj.(*unstructured.Unstructured)
+		if !ok || !strings.HasPrefix(u.GetName(), ClaimPrefix) {
+			return
+		}
+		// A claim being deleted is still Bound until its finalizer goes;
+		// it is no news to its network.
+		if phase, _, _ := unstructured.NestedString(u.Object, "status", "phase"); phase != "Bound" || u.GetDeletionTimestamp() != nil {
+			return
+		}
+		c := claimFrom(u)
+		ns, name := c.NetworkNamespace, c.NetworkName
+		if ns == "" || name == "" {
+			if ns, name, ok = NetworkOfClaim(c.Name); !ok {
+				return
+			}
+		}
+		on.Bound(ns, name)
+	}
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    bound,
+		UpdateFunc: func(_, n any) { bound(n) },
+		DeleteFunc: func(any) { on.Gone() },
+	}); err != nil {
+		return nil, fmt.Errorf("claim informer: %w", err)
+	}
+	return &ClaimInformer{informer: inf}, nil
+}
+
+// trimClaim keeps of a claim only what ClaimInformer's handlers read, so a
+// hub with thousands of claims caches little.
+func trimClaim(obj any) (any, error) {
+	u, ok := obj.(*unstructured.Unstructured)
+	if !ok {
+		return obj, nil
+	}
+	ann := map[string]any{}
+	for _, k := range []string{AnnotationNetworkNamespace, AnnotationNetworkName} {
+		if v, ok := u.GetAnnotations()[k]; ok {
+			ann[k] = v
+		}
+	}
+	phase, _, _ := unstructured.NestedString(u.Object, "status", "phase")
+	meta := map[string]any{"namespace": u.GetNamespace(), "name": u.GetName(), "uid": string(u.GetUID()),
+		"resourceVersion": u.GetResourceVersion(), "annotations": ann}
+	if ts := u.GetDeletionTimestamp(); ts != nil {
+		meta["deletionTimestamp"] = ts.UTC().Format(time.RFC3339)
+	}
+	return &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": u.GetAPIVersion(), "kind": u.GetKind(), "metadata": meta,
+		"status": map[string]any{"phase": phase},
+	}}, nil
+}
+
+// Run runs the informer until ctx ends.
+func (c *ClaimInformer) Run(ctx context.Context) { c.informer.RunWithContext(ctx) }
+
+// HasSynced reports whether the initial list has been read.
+func (c *ClaimInformer) HasSynced() bool { return c.informer.HasSynced() }

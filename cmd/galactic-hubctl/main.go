@@ -155,7 +155,15 @@ func runEnv(ctx context.Context, args []string, lookupEnv func(string) (string, 
 	defer kube.Shutdown()
 	ctl = hubctl.New(kube, networks, nil, metrics, log,
 		hubctl.Config{PlatformNamespace: *platform, ClassName: *className, Workers: *workers})
+	claims, err := hubctl.NewClaimInformer(dyn, *platform, hubctl.ClaimEvents{
+		Bound: func(ns, name string) { ctl.ClaimBound(ns, name) },
+		Gone:  func() { ctl.ClaimGone() },
+	})
+	if err != nil {
+		return err
+	}
 	go networks.Run(ctx)
+	go claims.Run(ctx)
 
 	if *listen != "" {
 		l, err := net.Listen("tcp", *listen)
@@ -166,8 +174,8 @@ func runEnv(ctx context.Context, args []string, lookupEnv func(string) (string, 
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 		mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-			if !networks.HasSynced() {
-				http.Error(w, "network cache not synced", http.StatusServiceUnavailable)
+			if !networks.HasSynced() || !claims.HasSynced() {
+				http.Error(w, "network or claim cache not synced", http.StatusServiceUnavailable)
 				return
 			}
 			fmt.Fprintln(w, "ready")
@@ -183,7 +191,7 @@ func runEnv(ctx context.Context, args []string, lookupEnv func(string) (string, 
 		"renew_deadline", timing.RenewDeadline.String(), "retry_period", timing.RetryPeriod.String())
 	err = hubctl.RunAsLeader(ctx, cs, *leaseNS, *leaseName, *id, timing, func(lctx context.Context) {
 		log.Info("leading: reconciling")
-		if !cache.WaitForCacheSync(lctx.Done(), networks.HasSynced) {
+		if !cache.WaitForCacheSync(lctx.Done(), networks.HasSynced, claims.HasSynced) {
 			return
 		}
 		ctl.Run(lctx)
