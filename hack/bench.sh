@@ -25,6 +25,9 @@ run ./node/reclaim 'RemovingPassProof' 5x
 run ./node/inventory 'FileInventory100000Identities' 5x
 run ./admin 'PendingWithAuthAt64Clients' 3x
 run ./hubctl 'Release1000ClaimsOfGoneNetworks' 1x
+run ./hubctl 'ChurnSettles' 1x
+run ./hubctl 'CreateToIdentity' 100x
+run ./hubctl 'FreedUnitToIdentity' 20x
 run ./integration 'DaemonRSS' 3x
 run ./integration 'LibcniAddDel' 30x
 

@@ -111,6 +111,13 @@ type API interface {
 	Event(ctx context.Context, n Network, warning bool, reason, message string)
 }
 
+// The client rate a hub controller runs at by default: client-go's own 5/s,
+// burst 10, kept 150 deletes waiting minutes on the limiter.
+const (
+	DefaultKubeAPIQPS   = 50
+	DefaultKubeAPIBurst = 100
+)
+
 // NetworkCache answers from the informer's cache whether a network exists.
 type NetworkCache interface {
 	Exists(namespace, name string) bool

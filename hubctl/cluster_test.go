@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/datum-cloud/galactic-node/hubctl"
@@ -148,6 +149,32 @@ type hub struct {
 	dyn     dynamic.Interface
 	cs      kubernetes.Interface
 	ns      string
+	// ctlDyn and ctlCS, when set, are the controllers' clients: the
+	// benchmarks give them the hub's default client rate.
+	ctlDyn dynamic.Interface
+	ctlCS  kubernetes.Interface
+}
+
+// atHubRate makes the controllers started after it use clients limited to
+// the command's default --kube-api-qps and --kube-api-burst.
+func (h *hub) atHubRate(t testing.TB) {
+	t.Helper()
+	cfg := rest.CopyConfig(h.cluster.Config)
+	cfg.QPS, cfg.Burst = hubctl.DefaultKubeAPIQPS, hubctl.DefaultKubeAPIBurst
+	var err error
+	if h.ctlDyn, err = dynamic.NewForConfig(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if h.ctlCS, err = kubernetes.NewForConfig(cfg); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (h *hub) clients() (dynamic.Interface, kubernetes.Interface) {
+	if h.ctlDyn != nil {
+		return h.ctlDyn, h.ctlCS
+	}
+	return h.dyn, h.cs
 }
 
 // newHub prepares a platform namespace with a quota of quota claims and the
@@ -241,7 +268,8 @@ func (h *hub) startWith(t testing.TB, id, lease string, tune func(*hubctl.Config
 		t.Fatal(err)
 	}
 	in := &instance{metrics: m, done: make(chan struct{})}
-	networks, err := hubctl.NewNetworkInformer(h.dyn, func(ns, name string) { in.ctl.Enqueue(ns, name) })
+	dyn, cs := h.clients()
+	networks, err := hubctl.NewNetworkInformer(dyn, func(ns, name string) { in.ctl.Enqueue(ns, name) })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -249,12 +277,12 @@ func (h *hub) startWith(t testing.TB, id, lease string, tune func(*hubctl.Config
 	if tune != nil {
 		tune(&cfg)
 	}
-	kube := hubctl.NewKube(h.dyn, h.cs, "galactic-hubctl-test")
+	kube := hubctl.NewKube(dyn, cs, "galactic-hubctl-test")
 	t.Cleanup(kube.Shutdown)
 	in.ctl = hubctl.New(kube, networks, nil, m, nil, cfg)
 	ctx, cancel := context.WithCancel(context.Background())
 	in.cancel = cancel
-	claims, err := hubctl.NewClaimInformer(h.dyn, h.ns, hubctl.ClaimEvents{
+	claims, err := hubctl.NewClaimInformer(dyn, h.ns, hubctl.ClaimEvents{
 		Bound: func(ns, name string) { in.ctl.ClaimBound(ns, name) },
 		Gone:  func() { in.ctl.ClaimGone() },
 	})
@@ -275,7 +303,7 @@ func (h *hub) startWith(t testing.TB, id, lease string, tune func(*hubctl.Config
 			return
 		}
 		timing := hubctl.LeaseTiming{Duration: 3 * time.Second, RenewDeadline: 2 * time.Second, RetryPeriod: 200 * time.Millisecond}
-		if err := hubctl.RunAsLeader(ctx, h.cs, h.ns, lease, id, timing, run); err != nil {
+		if err := hubctl.RunAsLeader(ctx, cs, h.ns, lease, id, timing, run); err != nil {
 			t.Error(err)
 		}
 	}()

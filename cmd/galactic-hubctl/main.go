@@ -66,8 +66,8 @@ func runEnv(ctx context.Context, args []string, lookupEnv func(string) (string, 
 	// a release is five requests, so 150 deletes waited minutes on the
 	// limiter. These defaults let a hub settle a burst of churn in seconds
 	// while still bounding what one controller can ask of the API server.
-	qps := fs.Float64("kube-api-qps", 50, "requests per second to the API server, sustained")
-	burst := fs.Int("kube-api-burst", 100, "requests to the API server in a burst")
+	qps := fs.Float64("kube-api-qps", hubctl.DefaultKubeAPIQPS, "requests per second to the API server, sustained")
+	burst := fs.Int("kube-api-burst", hubctl.DefaultKubeAPIBurst, "requests to the API server in a burst")
 	leaseDuration := fs.Duration("leader-elect-lease-duration", hubctl.DefaultLeaseTiming.Duration,
 		"how long a follower waits after the last renewal before it takes the Lease: the failover time after a crash")
 	renewDeadline := fs.Duration("leader-elect-renew-deadline", hubctl.DefaultLeaseTiming.RenewDeadline,
