@@ -51,10 +51,6 @@ type Controller struct {
 	quotaWaiting map[Key]bool
 	// claimGoneAt is when a claim was last deleted; see freedUnitWindow.
 	claimGoneAt time.Time
-
-	// broken disables safety checks, for the deliberately broken variants
-	// the chaos suite must catch. It is set only by tests (export_test.go).
-	broken struct{ directRead, retainCheck, release bool }
 }
 
 // New returns a Controller. metrics may be nil; place nil means NoPlacement.
@@ -282,9 +278,6 @@ func (c *Controller) collect(ctx context.Context, key Key) error {
 // there was no claim (or the network lives).
 func (c *Controller) collectCounted(ctx context.Context, key Key, sweep bool) (string, error) {
 	_, err := c.api.GetNetwork(ctx, key.Namespace, key.Name)
-	if c.broken.directRead {
-		err = ErrNotFound
-	}
 	switch {
 	case err == nil:
 		c.log.Info("network the cache reads as gone still lives; nothing collected", "network", key.String())
@@ -325,9 +318,6 @@ const releaseNone = ""
 // release deletes a gone network's claim when its allocation is recorded
 // Retain, with the claim's UID as precondition.
 func (c *Controller) release(ctx context.Context, name string) (string, error) {
-	if c.broken.release {
-		return ReleaseReleased, nil
-	}
 	if !strings.HasPrefix(name, ClaimPrefix) {
 		return ReleaseKept, fmt.Errorf("claim %s is not a fabric-identity claim: never touched", name)
 	}
@@ -354,7 +344,7 @@ func (c *Controller) release(ctx context.Context, name string) (string, error) {
 		return ReleaseKept, fmt.Errorf("claim %s kept: its allocation %s is missing, so nothing proves its block would stay retained", name, allocName)
 	case err != nil:
 		return ReleaseError, fmt.Errorf("read allocation %s of claim %s: %w", allocName, name, err)
-	case alloc.ReclaimPolicy != PolicyRetain && !c.broken.retainCheck:
+	case alloc.ReclaimPolicy != PolicyRetain:
 		return ReleaseKept, fmt.Errorf("claim %s kept: allocation %s is recorded reclaimPolicy %q, not Retain, so deleting the claim would free its block for reissue",
 			name, allocName, alloc.ReclaimPolicy)
 	}

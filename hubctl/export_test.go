@@ -1,8 +1,39 @@
 package hubctl
 
+import (
+	"context"
+
+	"k8s.io/apimachinery/pkg/types"
+)
+
 // BreakDirectRead, BreakRetainCheck and BreakRelease switch off a check or
 // the release itself: the deliberately broken variants the chaos suite must
-// catch.
-func (c *Controller) BreakDirectRead()  { c.broken.directRead = true }
-func (c *Controller) BreakRetainCheck() { c.broken.retainCheck = true }
-func (c *Controller) BreakRelease()     { c.broken.release = true }
+// catch. They wrap the controller's API, so the product carries no switch
+// for them.
+func (c *Controller) BreakDirectRead()  { c.api = goneNetworks{c.api} }
+func (c *Controller) BreakRetainCheck() { c.api = retainedAllocations{c.api} }
+func (c *Controller) BreakRelease()     { c.api = undeletedClaims{c.api} }
+
+// goneNetworks reads every network as gone: the direct read confirms
+// whatever the cache says.
+type goneNetworks struct{ API }
+
+func (goneNetworks) GetNetwork(context.Context, string, string) (Network, error) {
+	return Network{}, ErrNotFound
+}
+
+// retainedAllocations reads every allocation as recorded Retain.
+type retainedAllocations struct{ API }
+
+func (r retainedAllocations) GetAllocation(ctx context.Context, namespace, name string) (Allocation, error) {
+	a, err := r.API.GetAllocation(ctx, namespace, name)
+	if err == nil {
+		a.ReclaimPolicy = PolicyRetain
+	}
+	return a, err
+}
+
+// undeletedClaims accepts every claim delete and deletes nothing.
+type undeletedClaims struct{ API }
+
+func (undeletedClaims) DeleteClaim(context.Context, string, string, types.UID) error { return nil }
