@@ -74,12 +74,6 @@ type Registry struct {
 	dp  *datapath.Datapath
 	ns  *os.File // nil: the caller's namespace
 	log *slog.Logger
-
-	// deleteFault, when set, is called before each map's delete during
-	// UnregisterInterface and its error is used as that map's. It is a
-	// fault seam for tests only (set through export_test.go): a real map
-	// delete cannot be made to fail on demand.
-	deleteFault func(mapName string) error
 }
 
 // New returns a Registry over dp for interfaces in namespace ns (nil for the
@@ -337,19 +331,18 @@ func (r *Registry) UnregisterInterface(ctx context.Context, ifindex uint32) erro
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("unregister interface %d: %w", ifindex, err)
 	}
+	return r.unregister(ifindex, r.perInterfaceMaps())
+}
+
+// unregister is UnregisterInterface over maps. A test passes maps whose
+// delete fails (export_test.go): a real map delete cannot be made to fail on
+// demand, and the product carries no switch for it.
+func (r *Registry) unregister(ifindex uint32, maps []perInterfaceMap) error {
 	var errs []error
 	// Policy first: from then on the program drops the interface's frames
 	// as unregistered instead of applying a half-removed configuration.
-	maps := r.perInterfaceMaps()
 	for _, m := range orderPolicyFirst(maps) {
-		err := error(nil)
-		if r.deleteFault != nil {
-			err = r.deleteFault(m.name)
-		}
-		if err == nil {
-			err = m.delete(ifindex)
-		}
-		if err != nil {
+		if err := m.delete(ifindex); err != nil {
 			errs = append(errs, fmt.Errorf("map %s: %w", m.name, err))
 		}
 	}

@@ -270,13 +270,12 @@ func TestAFailingMapDeleteDoesNotStopTheOthers(t *testing.T) {
 	if err := s.reg.RegisterInterface(ctx, ifindex, registration(id)); err != nil {
 		t.Fatal(err)
 	}
-	s.reg.SetDeleteFault(func(name string) error {
+	err := s.reg.UnregisterWithFault(ctx, ifindex, func(name string) error {
 		if name == "egress_kind" {
 			return errors.New("injected fault")
 		}
 		return nil
 	})
-	err := s.reg.UnregisterInterface(ctx, ifindex)
 	if err == nil || !strings.Contains(err.Error(), "map egress_kind") || !strings.Contains(err.Error(), "injected fault") {
 		t.Fatalf("UnregisterInterface = %v; want an error naming egress_kind", err)
 	}
@@ -284,7 +283,6 @@ func TestAFailingMapDeleteDoesNotStopTheOthers(t *testing.T) {
 	if len(left) != 1 || left["egress_kind"] != 1 {
 		t.Fatalf("rows left: %v; want only the failing map's", left)
 	}
-	s.reg.SetDeleteFault(nil)
 	if err := s.reg.UnregisterInterface(ctx, ifindex); err != nil {
 		t.Fatal(err)
 	}
