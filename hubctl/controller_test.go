@@ -275,7 +275,7 @@ func TestAnUnparseableBlockIsAnErrorNeverIdentityZero(t *testing.T) {
 
 func TestAClaimNotOursIsNeverReleased(t *testing.T) {
 	s := newScene(t, 1)
-	if result, err := s.c.release(context.Background(), "someone-else.team.a"); err == nil || result != ReleaseKept {
+	if result, err := s.c.release(context.Background(), "someone-else.team.a", nil); err == nil || result != ReleaseKept {
 		t.Fatalf("release of a foreign claim = %s, %v", result, err)
 	}
 }
