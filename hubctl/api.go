@@ -107,6 +107,7 @@ type API interface {
 	// DeleteClaim deletes only the claim with uid (ErrPrecondition).
 	DeleteClaim(ctx context.Context, namespace, name string, uid types.UID) error
 	GetAllocation(ctx context.Context, namespace, name string) (Allocation, error)
+	ListAllocations(ctx context.Context, namespace string) ([]Allocation, error)
 	// Event records an event on a network.
 	Event(ctx context.Context, n Network, warning bool, reason, message string)
 }
@@ -123,6 +124,8 @@ type NetworkCache interface {
 	Exists(namespace, name string) bool
 	// UID is the cached network's UID, for the events recorded on it.
 	UID(namespace, name string) (types.UID, bool)
+	// Keys lists the cached networks.
+	Keys() []Key
 }
 
 // Placement places networks at locations; collecting a network unplaces it.

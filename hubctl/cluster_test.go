@@ -120,7 +120,14 @@ func (s *standIn) step(ctx context.Context) error {
 			return err
 		}
 	}
-	return s.recount(ctx, len(list.Items))
+	// Recount from a fresh list: the one above may predate a claim the
+	// quota admitted meanwhile, and writing its length would let the quota
+	// admit one claim too many.
+	fresh, err := claims.List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return err
+	}
+	return s.recount(ctx, len(fresh.Items))
 }
 
 func (s *standIn) recount(ctx context.Context, used int) error {
@@ -235,6 +242,15 @@ func (h *hub) network(t testing.TB, ns, name string) {
 		"apiVersion": "networking.datumapis.com/v1alpha", "kind": "Network",
 		"metadata": map[string]any{"namespace": ns, "name": name}, "spec": map[string]any{},
 	}})
+}
+
+// touch changes a network's labels, so that the network informer requeues it.
+func (h *hub) touch(t testing.TB, ns, name string) {
+	t.Helper()
+	patch := fmt.Sprintf(`{"metadata":{"labels":{"touched":"%d"}}}`, time.Now().UnixNano())
+	if _, err := h.dyn.Resource(hubctl.NetworkResource).Namespace(ns).Patch(context.Background(), name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		t.Fatalf("touch %s/%s: %v", ns, name, err)
+	}
 }
 
 func (h *hub) identity(ns, name string) (int64, bool) {
@@ -482,6 +498,8 @@ func (noNetworks) Exists(string, string) bool { return false }
 
 func (noNetworks) UID(string, string) (types.UID, bool) { return "", false }
 
+func (noNetworks) Keys() []hubctl.Key { return nil }
+
 // TestReleasesCountOnlyClaimsReallyDeletedOnARealAPIServer: a network that
 // never held a claim (refused by the quota) and is then deleted releases
 // nothing, so releases{released} counts A's claim alone. One worker keeps
@@ -564,7 +582,20 @@ func TestAFreedUnitRequeuesTheRefusedNetworkOnARealAPIServer(t *testing.T) {
 	h.network(t, "team-w", "net-a")
 	waitFor(t, "A's identity", func() bool { _, ok := h.identity("team-w", "net-a"); return ok })
 	h.network(t, "team-w", "net-b")
-	waitFor(t, "B refused by the quota", func() bool { return testutil.ToFloat64(quotaRefusals(in.metrics)) >= 1 })
+	// B's create can also meet a transient error (the quota's status in
+	// contention), which the 10-minute backoff would not retry in time:
+	// touching B requeues it until the quota itself refuses it.
+	touched := time.Now()
+	waitFor(t, "B refused by the quota", func() bool {
+		if time.Since(touched) > time.Second {
+			touched = time.Now()
+			h.touch(t, "team-w", "net-b")
+		}
+		return testutil.ToFloat64(quotaRefusals(in.metrics)) >= 1
+	})
+	if _, ok := h.identity("team-w", "net-b"); ok {
+		t.Fatal("B got an identity while A held the only unit")
+	}
 	h.cluster.Delete(t, hubctl.NetworkResource, "team-w", "net-a")
 	waitFor(t, "B's identity once A's unit is free", func() bool { _, ok := h.identity("team-w", "net-b"); return ok })
 }

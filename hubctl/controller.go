@@ -51,6 +51,9 @@ type Controller struct {
 	quotaWaiting map[Key]bool
 	// claimGoneAt is when a claim was last deleted; see freedUnitWindow.
 	claimGoneAt time.Time
+	// unclaimed holds the live networks holding an adopted block with no
+	// claim: the quota does not see them (issue 19, point 3).
+	unclaimed map[Key]bool
 }
 
 // New returns a Controller. metrics may be nil; place nil means NoPlacement.
@@ -75,7 +78,7 @@ func New(api API, cache NetworkCache, place Placement, metrics *Metrics, log *sl
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[Key](cfg.BaseDelay, cfg.MaxDelay),
 			workqueue.TypedRateLimitingQueueConfig[Key]{Name: "networks"}),
-		refused: map[string]string{}, quotaWaiting: map[Key]bool{},
+		refused: map[string]string{}, quotaWaiting: map[Key]bool{}, unclaimed: map[Key]bool{},
 	}
 }
 
@@ -115,6 +118,50 @@ func (c *Controller) unitJustFreed() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return !c.claimGoneAt.IsZero() && time.Since(c.claimGoneAt) < freedUnitWindow
+}
+
+func (c *Controller) setUnclaimed(k Key, held bool) {
+	c.mu.Lock()
+	if held {
+		c.unclaimed[k] = true
+	} else {
+		delete(c.unclaimed, k)
+	}
+	n := len(c.unclaimed)
+	c.mu.Unlock()
+	if c.metrics != nil {
+		c.metrics.unclaimed.Set(float64(n))
+	}
+}
+
+// countUnclaimed rebuilds, on taking leadership, the set of live networks
+// holding a block with no claim: those whose claim name's allocation is
+// retained with no claimRef. Without it the gauge would read 0 after every
+// restart while the blocks stay outside the quota.
+func (c *Controller) countUnclaimed(ctx context.Context) {
+	allocs, err := c.api.ListAllocations(ctx, c.cfg.PlatformNamespace)
+	if err != nil {
+		c.log.Warn("could not list allocations to count unclaimed blocks", "error", err)
+		return
+	}
+	free := make(map[string]bool, len(allocs))
+	for _, a := range allocs {
+		if a.ClaimRef == "" {
+			free[a.Name] = true
+		}
+	}
+	unclaimed := map[Key]bool{}
+	for _, k := range c.cache.Keys() {
+		if free[AllocationName(c.cfg.PlatformNamespace, ClaimName(k.Namespace, k.Name))] {
+			unclaimed[k] = true
+		}
+	}
+	c.mu.Lock()
+	c.unclaimed = unclaimed
+	c.mu.Unlock()
+	if c.metrics != nil {
+		c.metrics.unclaimed.Set(float64(len(unclaimed)))
+	}
 }
 
 func (c *Controller) setQuotaWaiting(k Key, waiting bool) {
@@ -176,7 +223,11 @@ func (c *Controller) Reconcile(ctx context.Context, key Key) error {
 		return err
 	}
 	c.setQuotaWaiting(key, false)
-	return c.collect(ctx, key)
+	err := c.collect(ctx, key)
+	if err == nil {
+		c.setUnclaimed(key, false)
+	}
+	return err
 }
 
 // errNotBound: the claim exists but the address service has not bound it.
@@ -249,6 +300,7 @@ func (c *Controller) claim(ctx context.Context, key Key, name string) (string, e
 		}
 		c.log.Info("retained allocation adopted, no second block claimed", "network", key.String(),
 			"allocation", alloc.Name, "block", alloc.AllocatedCIDR)
+		c.setUnclaimed(key, true)
 		return alloc.AllocatedCIDR, nil
 	case errors.Is(err, ErrQuota):
 		if c.metrics != nil {
@@ -428,6 +480,7 @@ func (c *Controller) forgetRelease(claim string) {
 // nothing. Claims of live networks, and claims not named fabric-identity.*,
 // are left alone. A network it cannot settle is queued for the workers.
 func (c *Controller) Sweep(ctx context.Context) {
+	c.countUnclaimed(ctx)
 	claims, err := c.api.ListClaims(ctx, c.cfg.PlatformNamespace)
 	if err != nil {
 		c.log.Warn("startup sweep could not list claims", "error", err)

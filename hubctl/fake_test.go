@@ -46,6 +46,16 @@ type fakeCache map[Key]bool
 
 func (c fakeCache) Exists(ns, name string) bool { return c[Key{ns, name}] }
 
+func (c fakeCache) Keys() []Key {
+	var out []Key
+	for k, live := range c {
+		if live {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
 // UID is the namespace/name key itself: distinct per network, and enough
 // to check that events carry it.
 func (c fakeCache) UID(ns, name string) (types.UID, bool) {
@@ -203,6 +213,16 @@ func (s *addressService) GetAllocation(_ context.Context, _, name string) (Alloc
 		return Allocation{}, ErrNotFound
 	}
 	return a, nil
+}
+
+func (s *addressService) ListAllocations(context.Context, string) ([]Allocation, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []Allocation
+	for _, a := range s.allocations {
+		out = append(out, a)
+	}
+	return out, nil
 }
 
 func (s *addressService) Event(_ context.Context, n Network, _ bool, reason, msg string) {

@@ -212,9 +212,26 @@ func (k *Kube) GetAllocation(ctx context.Context, ns, name string) (Allocation, 
 	if err != nil {
 		return Allocation{}, err
 	}
+	return allocationFrom(u), nil
+}
+
+func allocationFrom(u *unstructured.Unstructured) Allocation {
 	str := func(fields ...string) string { s, _, _ := unstructured.NestedString(u.Object, fields...); return s }
-	return Allocation{Namespace: ns, Name: name, ClaimRef: str("spec", "claimRef", "name"), ReclaimPolicy: str("spec", "reclaimPolicy"),
-		AllocatedCIDR: str("status", "allocatedCIDR")}, nil
+	return Allocation{Namespace: u.GetNamespace(), Name: u.GetName(), ClaimRef: str("spec", "claimRef", "name"), ReclaimPolicy: str("spec", "reclaimPolicy"),
+		AllocatedCIDR: str("status", "allocatedCIDR")}
+}
+
+// ListAllocations implements API.
+func (k *Kube) ListAllocations(ctx context.Context, ns string) ([]Allocation, error) {
+	list, err := k.dyn.Resource(AllocationResource).Namespace(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, mapErr(err)
+	}
+	out := make([]Allocation, 0, len(list.Items))
+	for i := range list.Items {
+		out = append(out, allocationFrom(&list.Items[i]))
+	}
+	return out, nil
 }
 
 // Event implements API. Recording is asynchronous and never fails the
@@ -273,6 +290,18 @@ func (n *NetworkInformer) Run(ctx context.Context) { n.informer.RunWithContext(c
 
 // HasSynced reports whether the initial list has been read.
 func (n *NetworkInformer) HasSynced() bool { return n.informer.HasSynced() }
+
+// Keys implements NetworkCache.
+func (n *NetworkInformer) Keys() []Key {
+	keys := n.informer.GetIndexer().ListKeys()
+	out := make([]Key, 0, len(keys))
+	for _, k := range keys {
+		if ns, name, err := cache.SplitMetaNamespaceKey(k); err == nil {
+			out = append(out, Key{ns, name})
+		}
+	}
+	return out
+}
 
 // UID implements NetworkCache.
 func (n *NetworkInformer) UID(ns, name string) (types.UID, bool) {

@@ -17,6 +17,7 @@ type Metrics struct {
 	sweep          *prometheus.CounterVec
 	quotaRefusals  prometheus.Counter
 	identitiesMade prometheus.Counter
+	unclaimed      prometheus.Gauge
 }
 
 // NewMetrics creates the metrics and registers them on reg.
@@ -42,13 +43,17 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "galactic_hub_identities_written_total",
 			Help: "NetworkFabricIdentities this instance created (an identity found existing is not counted).",
 		}),
+		unclaimed: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "galactic_hub_unclaimed_blocks",
+			Help: "Blocks held by live networks that hold no claim (adopted after 409 AllocationRetained): they count against no quota.",
+		}),
 	}
 	for _, r := range []string{ReleaseReleased, ReleaseKept, ReleaseRefused, ReleaseError} {
 		m.releases.WithLabelValues(r)
 		m.sweep.WithLabelValues(r)
 	}
 	m.sweep.WithLabelValues("live")
-	for _, c := range []prometheus.Collector{m.releases, m.refused, m.sweep, m.quotaRefusals, m.identitiesMade} {
+	for _, c := range []prometheus.Collector{m.releases, m.refused, m.sweep, m.quotaRefusals, m.identitiesMade, m.unclaimed} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -2,6 +2,7 @@ package hubctl
 
 import (
 	"context"
+	"errors"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -165,4 +166,60 @@ type identityMiss struct{ *addressService }
 
 func (identityMiss) GetIdentity(context.Context, string, string) (FabricIdentity, error) {
 	return FabricIdentity{}, ErrNotFound
+}
+
+// galactic_hub_unclaimed_blocks: live networks holding an adopted block
+// with no claim; back down when such a network goes; rebuilt by a new
+// leader's sweep.
+func TestMetricUnclaimedBlocksCountsAdoptedBlocks(t *testing.T) {
+	s := newScene(t, 5)
+	s.live("team", "a")
+	mustReconcile(t, s, "team", "a")
+	s.gone("team", "a")
+	mustReconcile(t, s, "team", "a")
+	s.live("team", "a") // returns: adopts its retained block, no claim
+	mustReconcile(t, s, "team", "a")
+	if v := testutil.ToFloat64(s.m.unclaimed); v != 1 {
+		t.Fatalf("unclaimed = %v after an adoption, want 1", v)
+	}
+	m, _ := NewMetrics(prometheus.NewPedanticRegistry())
+	New(s.svc, s.cache, nil, m, nil, Config{PlatformNamespace: platform}).Sweep(context.Background())
+	if v := testutil.ToFloat64(m.unclaimed); v != 1 {
+		t.Fatalf("unclaimed = %v after a restart's sweep, want 1", v)
+	}
+	s.gone("team", "a")
+	mustReconcile(t, s, "team", "a")
+	if v := testutil.ToFloat64(s.m.unclaimed); v != 0 {
+		t.Fatalf("unclaimed = %v once the network is gone, want 0", v)
+	}
+}
+
+// The behaviour decided upstream (issue 19, point 3): a returning network
+// at a full quota is refused like any other, retried, and adopts its block
+// once a unit frees.
+func TestAReturningNetworkAtAFullQuotaWaitsForAUnitThenAdopts(t *testing.T) {
+	s := newScene(t, 1)
+	s.live("team", "r")
+	mustReconcile(t, s, "team", "r")
+	first, _ := s.identity("team", "r")
+	s.gone("team", "r")
+	mustReconcile(t, s, "team", "r")
+	s.live("team", "a")
+	mustReconcile(t, s, "team", "a") // a holds the only unit
+	s.live("team", "r")
+	if err := s.reconcile(t, "team", "r"); !errors.Is(err, ErrQuota) {
+		t.Fatalf("returning network at a full quota: %v, want ErrQuota", err)
+	}
+	if err := s.reconcile(t, "team", "r"); !errors.Is(err, ErrQuota) {
+		t.Fatalf("retry at a full quota: %v, want ErrQuota", err)
+	}
+	s.gone("team", "a")
+	mustReconcile(t, s, "team", "a")
+	mustReconcile(t, s, "team", "r")
+	if got, ok := s.identity("team", "r"); !ok || got != first {
+		t.Fatalf("returning network's identity %d (%v), want its old %d", got, ok, first)
+	}
+	if s.svc.nextBlock != 2 {
+		t.Fatalf("%d blocks handed out, want 2: the returning network claimed a new one", s.svc.nextBlock)
+	}
 }
