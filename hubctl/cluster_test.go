@@ -599,3 +599,29 @@ func TestAFreedUnitRequeuesTheRefusedNetworkOnARealAPIServer(t *testing.T) {
 	h.cluster.Delete(t, hubctl.NetworkResource, "team-w", "net-a")
 	waitFor(t, "B's identity once A's unit is free", func() bool { _, ok := h.identity("team-w", "net-b"); return ok })
 }
+
+// TestUnclaimedBlocksAreCountedOnARealAPIServer: a live network whose claim
+// name's allocation is retained with no claimRef (it adopted its block, so
+// it holds no claim) is counted by galactic_hub_unclaimed_blocks when a
+// leader starts; once the network is gone it is not.
+func TestUnclaimedBlocksAreCountedOnARealAPIServer(t *testing.T) {
+	h := newHubWith(t, 5, false)
+	team := "u-" + h.ns
+	claim := hubctl.ClaimName(team, "adopted")
+	h.cluster.Apply(t, hubctl.AllocationResource, &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "ipam.miloapis.com/v1alpha1", "kind": "IPAllocation",
+		"metadata": map[string]any{"namespace": h.ns, "name": hubctl.AllocationName(h.ns, claim)},
+		"spec":     map[string]any{"reclaimPolicy": hubctl.PolicyRetain},
+	}})
+	h.network(t, team, "adopted")
+	h.cluster.Apply(t, hubctl.FabricIdentityResource, &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "cloud.datumapis.com/v1alpha1", "kind": "NetworkFabricIdentity",
+		"metadata": map[string]any{"namespace": team, "name": "adopted"},
+		"spec":     map[string]any{"identity": int64(7), "networkRef": map[string]any{"name": "adopted"}},
+	}})
+	in := h.start(t, "", "")
+	unclaimed := func() float64 { return testutil.ToFloat64(hubctl.UnclaimedBlocks(in.metrics)) }
+	waitFor(t, "the adopted block counted", func() bool { return unclaimed() == 1 })
+	h.cluster.Delete(t, hubctl.NetworkResource, team, "adopted")
+	waitFor(t, "the gone network's block no longer counted", func() bool { return unclaimed() == 0 })
+}

@@ -70,3 +70,6 @@ func IdentitiesWritten(m *Metrics) prometheus.Collector { return m.identitiesMad
 func Releases(m *Metrics, result string) prometheus.Collector {
 	return m.releases.WithLabelValues(result)
 }
+
+// UnclaimedBlocks exposes galactic_hub_unclaimed_blocks.
+func UnclaimedBlocks(m *Metrics) prometheus.Collector { return m.unclaimed }
