@@ -27,6 +27,10 @@ import (
 
 var binary, tapPlugin string
 
+// hookedBinary is the daemon built with the galactic_testhooks tag, for the
+// tests that need its seams; product builds carry none.
+var hookedBinary string
+
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "galactic-node-bin-")
 	if err != nil {
@@ -40,6 +44,11 @@ func TestMain(m *testing.M) {
 			fmt.Fprintf(os.Stderr, "build %s: %v\n%s", pkg, err, out)
 			os.Exit(1)
 		}
+	}
+	hookedBinary = filepath.Join(dir, "galactic-node-testhooks")
+	if out, err := exec.Command("go", "build", "-tags", "galactic_testhooks", "-o", hookedBinary, "../cmd/galactic-node").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "build the daemon with test hooks: %v\n%s", err, out)
+		os.Exit(1)
 	}
 	code := clustertest.Main(m)
 	os.RemoveAll(dir)
@@ -61,6 +70,7 @@ type node struct {
 	socket  string
 	tokens  string
 	daemons []*exec.Cmd
+	bin     string // the daemon start runs; empty: binary
 }
 
 func newNode(t *testing.T) *node {
@@ -95,7 +105,11 @@ func (n *node) start(extra ...string) (*exec.Cmd, *bytes.Buffer) {
 }
 
 func (n *node) startFor(tb testing.TB, extra ...string) (*exec.Cmd, *bytes.Buffer) {
-	args := append([]string{"netns", "exec", n.ns.Name, binary, "run", "--node-name", "node-a", "--interval", "0",
+	bin := binary
+	if n.bin != "" {
+		bin = n.bin
+	}
+	args := append([]string{"netns", "exec", n.ns.Name, bin, "run", "--node-name", "node-a", "--interval", "0",
 		"--admin-socket", n.socket, "--admin-token-file", n.tokens, "--metrics-listen", "127.0.0.1:9180", "--log-format", "text",
 		"--min-candidate-age", "0"}, n.common()...) // a test passes its own age after this to override it
 	cmd := exec.Command("ip", append(args, extra...)...)
@@ -115,7 +129,9 @@ func (n *node) startFor(tb testing.TB, extra ...string) (*exec.Cmd, *bytes.Buffe
 }
 
 func (n *node) client() *http.Client {
-	return &http.Client{Timeout: time.Minute, Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+	// A connection per request: a new Transport's kept-alive connection
+	// would stay open against the daemon's connection cap.
+	return &http.Client{Timeout: time.Minute, Transport: &http.Transport{DisableKeepAlives: true, DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 		return (&net.Dialer{}).DialContext(ctx, "unix", n.socket)
 	}}}
 }

@@ -11,7 +11,8 @@ import (
 
 // TestADaemonKilledMidRemovalRestartsCleanly kills the daemon with SIGKILL
 // after it deleted a stale tap's link and before it cleared the tap's rows
-// (the test seam GALACTIC_TEST_HANG_AFTER_LINKS holds it there). The link
+// (the test seam GALACTIC_TEST_HANG_AFTER_LINKS, compiled only into the
+// daemon built with -tags galactic_testhooks, holds it there). The link
 // goes first, so no tap is ever left existing without its rows and program;
 // what is left is rows keyed by an ifindex no link has. A new daemon starts
 // cleanly on the same pins, socket and locks and leaves the live tap alone.
@@ -27,6 +28,7 @@ func TestADaemonKilledMidRemovalRestartsCleanly(t *testing.T) {
 	marker := filepath.Join(n.dir, "links-deleted")
 
 	t.Setenv("GALACTIC_TEST_HANG_AFTER_LINKS", marker)
+	n.bin = hookedBinary // the seam exists only in a galactic_testhooks build
 	first, log := n.start("--inventory-file", inv)
 	n.waitReady(log)
 	if code, body := n.call("POST", "/v1/passes", adminToken); code != 200 {
@@ -57,6 +59,7 @@ func TestADaemonKilledMidRemovalRestartsCleanly(t *testing.T) {
 	}
 
 	t.Setenv("GALACTIC_TEST_HANG_AFTER_LINKS", "")
+	n.bin = "" // the product daemon restarts
 	_, log2 := n.start("--inventory-file", inv)
 	n.waitReady(log2)
 	code, body = n.call("GET", "/v1/ebpf/interfaces/"+live, readToken)

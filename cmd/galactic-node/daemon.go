@@ -120,10 +120,6 @@ func parseDaemonFlags(args []string, stderr io.Writer) (*daemonFlags, error) {
 	return f, nil
 }
 
-// hangAfterLinksEnv names a marker file; when set, removals write it and
-// hang after deleting links, before their rows. Only the restart test sets it.
-const hangAfterLinksEnv = "GALACTIC_TEST_HANG_AFTER_LINKS"
-
 func isLoopback(addr string) bool {
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
@@ -214,16 +210,7 @@ func runDaemon(ctx context.Context, args []string, stderr io.Writer) error {
 		log.Warn("single-queue taps will never be reclaimed: the holder scan cannot see every process", "why", why)
 	}
 	rcfg := reclaim.Config{DryRun: f.dryRun, MaxReclaimsPerPass: f.maxReclaims, MinCandidateAge: f.minCandidateAge, ProveTimeout: f.proofTimeout, Holders: holders}
-	if marker := os.Getenv(hangAfterLinksEnv); marker != "" {
-		// The restart test's seam: hang mid-removal so that it can kill
-		// the daemon between a tap's link and its rows.
-		log.Warn("TEST SEAM ACTIVE: removals hang after deleting links", "env", hangAfterLinksEnv)
-		rcfg.AfterLinks = func() {
-			_ = os.WriteFile(marker, []byte("links deleted\n"), 0o600)
-			time.Sleep(time.Hour)
-		}
-	}
-	reclaimer := reclaim.New(conn, inv, registry, locks, metrics, log, rcfg)
+	reclaimer := reclaim.New(conn, inv, reclaimRegistry(registry, log), locks, metrics, log, rcfg)
 	ag := &agent.Agent{Links: conn, Inventory: inv, Reclaimer: reclaimer, Registry: registry, Datapath: dp, Holders: holders, MaxInventoryAge: f.inventoryMaxAge}
 	if err := reg.Register(ag.MapCollector()); err != nil {
 		return err

@@ -64,10 +64,6 @@ type Config struct {
 	// Holders proves single-queue taps free (holder.Proc); nil keeps every
 	// single-queue tap as held.
 	Holders holder.Scanner
-	// AfterLinks, when set, is called after a batch's links are deleted and
-	// before their rows are cleared: a seam for tests that kill the daemon
-	// mid-removal. Never set in production.
-	AfterLinks func()
 }
 
 // Reclaimer runs passes, one at a time.
@@ -339,7 +335,7 @@ func (r *Reclaimer) remove(ctx context.Context, confirmed []candidate, dump []li
 	}
 	var notProven error
 	rm := &teardown.Remover{Links: r.links, Registry: r.reg, Locks: r.locks, Holders: r.cfg.Holders,
-		LockTimeout: r.cfg.LockTimeout, Log: r.log, AfterLinks: r.cfg.AfterLinks}
+		LockTimeout: r.cfg.LockTimeout, Log: r.log}
 	out := rm.Remove(ctx, targets, teardown.Options{DryRun: dryRun, Dump: dump, Recheck: func(ctx context.Context) (func(teardown.Target) string, error) {
 		// Taken after the links were read again, so an attachment that
 		// appeared while they were being read is seen.

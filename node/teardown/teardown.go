@@ -130,10 +130,6 @@ type Remover struct {
 	// LockTimeout bounds the wait for the VRF locks. Default 10 s.
 	LockTimeout time.Duration
 	Log         *slog.Logger
-	// AfterLinks, when set, runs after the batch's links are deleted and
-	// before their rows are cleared: a seam for tests that kill a process
-	// mid-removal.
-	AfterLinks func()
 }
 
 // Remove removes every target that passes every check, and reports each.
@@ -187,9 +183,6 @@ func (rm *Remover) Remove(ctx context.Context, targets []Target, opts Options) O
 		deleted = o.deleteOne(ctx, batch[0])
 	default:
 		deleted = o.deleteGroup(ctx, batch)
-	}
-	if len(deleted) > 0 && rm.AfterLinks != nil {
-		rm.AfterLinks()
 	}
 	o.clearRows(ctx, deleted)
 	return out
