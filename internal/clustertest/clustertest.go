@@ -66,6 +66,13 @@ func Shared(t testing.TB) *Cluster {
 // certificates and port survive a restart.
 func Start(t testing.TB) *Cluster {
 	t.Helper()
+	return StartWith(t, nil)
+}
+
+// StartWith is Start with configure, when not nil, given the API server's
+// flags before it starts (a test's --token-auth-file, say).
+func StartWith(t testing.TB, configure func(*envtest.APIServer)) *Cluster {
+	t.Helper()
 	assets := os.Getenv("KUBEBUILDER_ASSETS")
 	if assets == "" || !exists(filepath.Join(assets, "kube-apiserver")) || !exists(filepath.Join(assets, "etcd")) {
 		msg := "needs a kube-apiserver and etcd: run `make test`, or KUBEBUILDER_ASSETS=$(hack/testbin.sh) go test ..."
@@ -91,6 +98,9 @@ func Start(t testing.TB) *Cluster {
 	// Tests stop and start the server: skip the graceful drain meant for
 	// load balancers, and allow for a slow machine.
 	apiserver.Configure().Set("shutdown-delay-duration", "0s").Set("request-timeout", "5s")
+	if configure != nil {
+		configure(apiserver)
+	}
 	cfg, err := env.Start()
 	if err != nil {
 		t.Fatalf("start kube-apiserver and etcd: %v", err)
