@@ -462,7 +462,9 @@ func BenchmarkRelease1000ClaimsOfGoneNetworks(b *testing.B) {
 	const n = 1000
 	h := newHubWith(b, 10*n, false) // nothing to bind: claims are seeded bound
 	m, _ := hubctl.NewMetrics(prometheus.NewRegistry())
-	ctl := hubctl.New(hubctl.NewKube(h.dyn, h.cs, "bench"), noNetworks{}, nil, m, nil, hubctl.Config{PlatformNamespace: h.ns})
+	kube := hubctl.NewKube(h.dyn, h.cs, "bench")
+	b.Cleanup(kube.Shutdown)
+	ctl := hubctl.New(kube, noNetworks{}, nil, m, nil, hubctl.Config{PlatformNamespace: h.ns})
 	claims := h.dyn.Resource(hubctl.ClaimResource).Namespace(h.ns)
 	var ours, bare time.Duration
 	for i := 0; i < b.N; i++ {
