@@ -285,3 +285,28 @@ type recordingPlacement struct{ unplaced int }
 func (p *recordingPlacement) Unplace(context.Context, string, string) error { p.unplaced++; return nil }
 
 func errorsJoin(errs ...error) error { return errors.Join(errs...) }
+
+// Guards the sweep's use of the listed claim: a claim re-created after the
+// listing is not the one deleted, since the delete carries the listed UID.
+func TestTheSweepDoesNotDeleteAClaimRecreatedAfterItsListing(t *testing.T) {
+	s := newScene(t, 2)
+	s.live("team", "a")
+	_ = s.reconcile(t, "team", "a")
+	s.svc.deleteNetwork("team", "a")
+	name := ClaimName("team", "a")
+	s.svc.beforeDelete = func(svc *addressService) {
+		svc.mu.Lock()
+		c := svc.claims[name]
+		c.UID = "re-created"
+		svc.claims[name] = c
+		svc.mu.Unlock()
+	}
+	m, _ := NewMetrics(prometheus.NewPedanticRegistry())
+	New(s.svc, s.cache, nil, m, nil, Config{PlatformNamespace: platform}).Sweep(context.Background())
+	if c, ok := s.svc.claims[name]; !ok || c.UID != "re-created" {
+		t.Fatal("the sweep deleted a claim re-created after its listing")
+	}
+	if v := testutil.ToFloat64(m.sweep.WithLabelValues(ReleaseError)); v != 1 {
+		t.Fatalf("sweep error = %v, want 1", v)
+	}
+}
