@@ -17,6 +17,7 @@ run() { # run PKG REGEX BENCHTIME
 }
 run ./node/link 'Dump1000Taps$' 10x
 run ./ebpf/datapath 'Dump16384Rows' 10x
+run ./ebpf/datapath 'TapIngress' 200x
 run ./node/attachreg 'OrphanScan16384Rows' 10x
 run ./node/reclaim 'PassWithNoRemovals' 5x
 run ./node/reclaim 'Remove1000ConfirmedTaps' 2x

@@ -54,8 +54,18 @@ func Load(bpffs string) (*Datapath, error) {
 	if err != nil {
 		return nil, fmt.Errorf("load datapath: spec: %w", err)
 	}
+	state, err := stateMaps(spec, filepath.Join(pinDir, StateSubdir))
+	if err != nil {
+		return nil, fmt.Errorf("load datapath: %w", err)
+	}
+	// The collection uses clones of the state maps; these handles go.
+	defer func() {
+		for _, m := range state {
+			m.Close()
+		}
+	}()
 	d := &Datapath{pinDir: pinDir}
-	if err := spec.LoadAndAssign(&d.objs, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: pinDir}}); err != nil {
+	if err := spec.LoadAndAssign(&d.objs, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: pinDir}, MapReplacements: state}); err != nil {
 		return nil, fmt.Errorf("load datapath from %s: %w", pinDir, err)
 	}
 	d.assignTables()

@@ -21,6 +21,17 @@ type datapathDecisionKey struct {
 	Pad        [5]uint8
 }
 
+type datapathFragmentKey struct {
+	_        structs.HostLayout
+	Ifindex  uint32
+	Id       uint32
+	Family   uint8
+	Protocol uint8
+	Pad      [2]uint8
+	Src      [16]uint8
+	Dst      [16]uint8
+}
+
 type datapathGateway struct {
 	_    structs.HostLayout
 	Ipv4 [4]uint8
@@ -35,13 +46,23 @@ type datapathHostPortKey struct {
 	Pad      uint8
 }
 
+type datapathRouteAnswer struct {
+	_       structs.HostLayout
+	Expires uint64
+	Ifindex uint32
+	Family  uint8
+	ToHost  uint8
+	Pad     [2]uint8
+	Dst     [16]uint8
+}
+
 type datapathTrafficPolicy struct {
 	_             structs.HostLayout
 	Generation    uint64
 	DefaultAction uint8
 	N_ethertypes  uint8
 	N_protocols   uint8
-	Pad           uint8
+	Flags         uint8
 	Ethertypes    [8]uint16
 	Protocols     [8]uint8
 	Pad2          [4]uint8
@@ -61,8 +82,10 @@ type datapathVrfBinding struct {
 const (
 	datapathMapDecisions     = "decisions"
 	datapathMapEgressKind    = "egress_kind"
+	datapathMapFragments     = "fragments"
 	datapathMapHostOnlyPort  = "host_only_port"
 	datapathMapIfindexVrf    = "ifindex_vrf"
+	datapathMapRouteCache    = "route_cache"
 	datapathMapTenantGateway = "tenant_gateway"
 	datapathMapTrafficPolicy = "traffic_policy"
 	datapathMapUnattributed  = "unattributed"
@@ -120,8 +143,10 @@ type datapathProgramSpecs struct {
 type datapathMapSpecs struct {
 	Decisions     *ebpf.MapSpec `ebpf:"decisions"`
 	EgressKind    *ebpf.MapSpec `ebpf:"egress_kind"`
+	Fragments     *ebpf.MapSpec `ebpf:"fragments"`
 	HostOnlyPort  *ebpf.MapSpec `ebpf:"host_only_port"`
 	IfindexVrf    *ebpf.MapSpec `ebpf:"ifindex_vrf"`
+	RouteCache    *ebpf.MapSpec `ebpf:"route_cache"`
 	TenantGateway *ebpf.MapSpec `ebpf:"tenant_gateway"`
 	TrafficPolicy *ebpf.MapSpec `ebpf:"traffic_policy"`
 	Unattributed  *ebpf.MapSpec `ebpf:"unattributed"`
@@ -155,8 +180,10 @@ func (o *datapathObjects) Close() error {
 type datapathMaps struct {
 	Decisions     *ebpf.Map `ebpf:"decisions"`
 	EgressKind    *ebpf.Map `ebpf:"egress_kind"`
+	Fragments     *ebpf.Map `ebpf:"fragments"`
 	HostOnlyPort  *ebpf.Map `ebpf:"host_only_port"`
 	IfindexVrf    *ebpf.Map `ebpf:"ifindex_vrf"`
+	RouteCache    *ebpf.Map `ebpf:"route_cache"`
 	TenantGateway *ebpf.Map `ebpf:"tenant_gateway"`
 	TrafficPolicy *ebpf.Map `ebpf:"traffic_policy"`
 	Unattributed  *ebpf.Map `ebpf:"unattributed"`
@@ -166,8 +193,10 @@ func (m *datapathMaps) Close() error {
 	return _DatapathClose(
 		m.Decisions,
 		m.EgressKind,
+		m.Fragments,
 		m.HostOnlyPort,
 		m.IfindexVrf,
+		m.RouteCache,
 		m.TenantGateway,
 		m.TrafficPolicy,
 		m.Unattributed,

@@ -55,13 +55,24 @@ func (a Action) MarshalText() ([]byte, error) { return []byte(a.String()), nil }
 func (a *Action) UnmarshalText(b []byte) error { return unword(actionNames, string(b), (*uint8)(a)) }
 
 // Policy is the traffic_policy row of an interface. Empty lists allow every
-// ethertype or IP protocol.
+// ethertype or IP protocol. docs/datapath.md states how the program applies
+// it.
 type Policy struct {
+	// Generation is the configuration's version, for whoever wrote it; the
+	// program does not read it.
 	Generation    uint64     `json:"generation"`
 	DefaultAction Action     `json:"defaultAction"`
 	Ethertypes    []uint16   `json:"ethertypes,omitempty"`
 	Protocols     []Protocol `json:"protocols,omitempty"`
+	// AllowSpoofing turns anti-spoofing off. It is on by default (the zero
+	// value): frames from a group MAC, IP packets from a multicast,
+	// broadcast or gateway address, ARP claiming the gateway, router
+	// advertisements, redirects and DHCP server replies are denied.
+	AllowSpoofing bool `json:"allowSpoofing,omitempty"`
 }
+
+// policySpoofingAllowed is traffic_policy.flags' bit for AllowSpoofing.
+const policySpoofingAllowed = 0x1
 
 func (p Policy) raw() (datapathTrafficPolicy, error) {
 	if p.DefaultAction > ActionDeny || len(p.Ethertypes) > MaxEthertypes || len(p.Protocols) > MaxProtocols {
@@ -74,6 +85,9 @@ func (p Policy) raw() (datapathTrafficPolicy, error) {
 		N_ethertypes:  uint8(len(p.Ethertypes)),
 		N_protocols:   uint8(len(p.Protocols)),
 	}
+	if p.AllowSpoofing {
+		r.Flags |= policySpoofingAllowed
+	}
 	copy(r.Ethertypes[:], p.Ethertypes)
 	for i, proto := range p.Protocols {
 		r.Protocols[i] = uint8(proto)
@@ -82,7 +96,7 @@ func (p Policy) raw() (datapathTrafficPolicy, error) {
 }
 
 func policyFrom(r datapathTrafficPolicy) Policy {
-	p := Policy{Generation: r.Generation, DefaultAction: Action(r.DefaultAction)}
+	p := Policy{Generation: r.Generation, DefaultAction: Action(r.DefaultAction), AllowSpoofing: r.Flags&policySpoofingAllowed != 0}
 	if n := min(int(r.N_ethertypes), MaxEthertypes); n > 0 {
 		p.Ethertypes = append([]uint16(nil), r.Ethertypes[:n]...)
 	}
@@ -199,9 +213,14 @@ const (
 	DecisionAllow    Decision = 0
 	DecisionDeny     Decision = 1
 	DecisionHostOnly Decision = 2
+	// DecisionMalformed: dropped because the program could not read it
+	// (an IP header the kernel would refuse or the frame cannot hold, an
+	// IPv6 extension header chain it cannot finish walking, a first
+	// fragment without its ports, a malformed ARP packet).
+	DecisionMalformed Decision = 3
 )
 
-var decisionNames = []string{"allow", "deny", "host_only"}
+var decisionNames = []string{"allow", "deny", "host_only", "malformed"}
 
 func (d Decision) String() string { return word(decisionNames, int(d)) }
 
@@ -231,9 +250,13 @@ const (
 	ReasonPolicyUnavailable Reason = 0
 	// ReasonIdentityUnavailable: a policy but no ifindex_vrf row.
 	ReasonIdentityUnavailable Reason = 1
+	// ReasonDecisionsFull: the frame was judged (and passed or dropped)
+	// but its identity has no decisions row and the map had no room for
+	// one. Unlike the others, such a frame is not dropped for it.
+	ReasonDecisionsFull Reason = 2
 )
 
-var reasonNames = []string{"policy_unavailable", "identity_unavailable"}
+var reasonNames = []string{"policy_unavailable", "identity_unavailable", "decisions_full"}
 
 func (r Reason) String() string { return word(reasonNames, int(r)) }
 

@@ -145,6 +145,13 @@ func TestFramesAreCountedAsThePolicyDictates(t *testing.T) {
 	if err := s.reg.RegisterInterface(context.Background(), ifindex, registration(id)); err != nil {
 		t.Fatal(err)
 	}
+	// The node routes its tenants: with forwarding on and 10.9.9.9 routed
+	// away, the program judges it by the default action; an address the
+	// host does not forward would be the host's (docs/datapath.md).
+	nettest.Run(t, "ip", "netns", "exec", s.ns.Name, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+	s.ns.IP(t, "link", "add", "galaway0", "type", "veth", "peer", "name", "galaway1")
+	s.ns.IP(t, "link", "set", "galaway0", "up")
+	s.ns.IP(t, "route", "add", "default", "dev", "galaway0")
 	write(t, q,
 		frame(0x0800, 17, "10.0.0.1", 53), // host-only port on the gateway
 		frame(0x0800, 6, "10.0.0.1", 22),  // gateway port not listed: deny

@@ -5,6 +5,10 @@
 // that starts with it); node/attachreg is the one place that writes and
 // removes those rows. Layouts here are mirrored by types.go; a test compares
 // the sizes against this object's BTF.
+//
+// The rules it enforces are stated in docs/datapath.md; each one is guarded
+// by a case of ebpf/datapath's frame test, which writes frames into a real
+// tap and checks the counters and where the frame went.
 
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
@@ -19,14 +23,35 @@
 #define GALACTIC_TCX_NEXT (-1)
 #define GALACTIC_TCX_DROP 2
 
+#define AF_INET 2
+#define AF_INET6 10
+
 #define MAX_INTERFACES 65536
 #define MAX_ETHERTYPES 8
 #define MAX_PROTOCOLS 8
+// IPv6 extension headers walked before the upper-layer header; a longer
+// chain is malformed. Legitimate traffic carries two or three at most.
+#define MAX_EXT_HEADERS 8
+// Fragmented datagrams whose first fragment's decision is remembered.
+#define MAX_FRAGMENTED 8192
+// Route answers kept per CPU, and for how long (jiffies: 64 ms at HZ=1000,
+// 256 ms at HZ=250). The kernel's route lookup costs more than the rest of
+// the program; a tenant's frames mostly go to few destinations.
+#define ROUTE_CACHE_SLOTS 4096
+#define ROUTE_CACHE_JIFFIES 64
 
 enum action { ACTION_ALLOW = 0, ACTION_DENY = 1 };
-enum decision { DECISION_ALLOW = 0, DECISION_DENY = 1, DECISION_HOST_ONLY = 2 };
-enum reason { REASON_POLICY_UNAVAILABLE = 0, REASON_IDENTITY_UNAVAILABLE = 1, REASON_MAX = 4 };
+enum decision { DECISION_ALLOW = 0, DECISION_DENY = 1, DECISION_HOST_ONLY = 2, DECISION_MALFORMED = 3 };
+enum reason {
+	REASON_POLICY_UNAVAILABLE = 0,
+	REASON_IDENTITY_UNAVAILABLE = 1,
+	REASON_DECISIONS_FULL = 2,
+	REASON_MAX = 4,
+};
 enum egress { EGRESS_TAP = 1, EGRESS_VETH = 2 };
+
+// traffic_policy.flags
+#define POLICY_SPOOFING_ALLOWED 0x1 // anti-spoofing off (it is on by default)
 
 struct vrf_binding {
 	__u32 table;
@@ -40,7 +65,7 @@ struct traffic_policy {
 	__u8 default_action;
 	__u8 n_ethertypes;
 	__u8 n_protocols;
-	__u8 _pad;
+	__u8 flags;
 	__u16 ethertypes[MAX_ETHERTYPES]; // host byte order
 	__u8 protocols[MAX_PROTOCOLS];
 	__u8 _pad2[4];
@@ -63,6 +88,18 @@ struct decision_key {
 	__u16 attachment;
 	__u8 decision;
 	__u8 _pad[5];
+};
+
+// A fragmented datagram as the kernel reassembles it (IPv4: addresses,
+// protocol and ID; IPv6: addresses and ID), on one interface.
+struct fragment_key {
+	__u32 ifindex;
+	__u32 id;
+	__u8 family;
+	__u8 protocol; // IPv4 only
+	__u8 _pad[2];
+	__u8 src[16];
+	__u8 dst[16];
 };
 
 struct {
@@ -121,6 +158,37 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } unattributed SEC(".maps");
 
+// The decision on the first fragment of each fragmented datagram, which
+// every later fragment of it gets. State of datagrams in flight only, least
+// recently used entries making room; shared like route_cache.
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, MAX_FRAGMENTED);
+	__type(key, struct fragment_key);
+	__type(value, __u8);
+} fragments SEC(".maps");
+
+// The route lookup's answer for a destination of an interface: whether the
+// host receives packets to it.
+struct route_answer {
+	__u64 expires; // jiffies
+	__u32 ifindex;
+	__u8 family;
+	__u8 to_host;
+	__u8 _pad[2];
+	__u8 dst[16];
+};
+
+// A direct-mapped cache of route answers, per CPU so that entries are never
+// torn. Shared by every loaded instance of the program: datapath.Load pins it
+// under the state folder, apart from the maps of rows.
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, ROUTE_CACHE_SLOTS);
+	__type(key, __u32);
+	__type(value, struct route_answer);
+} route_cache SEC(".maps");
+
 static __always_inline void count_unattributed(__u32 reason)
 {
 	__u64 *n = bpf_map_lookup_elem(&unattributed, &reason);
@@ -128,6 +196,9 @@ static __always_inline void count_unattributed(__u32 reason)
 		__sync_fetch_and_add(n, 1);
 }
 
+// count_decision counts d against the interface's identity. When the
+// decisions map is full and the identity has no row yet, the frame is still
+// judged, and counted as unattributed decisions_full.
 static __always_inline void count_decision(const struct vrf_binding *vb, __u8 decision)
 {
 	struct decision_key key = {.vpc = vb->vpc, .attachment = vb->attachment, .decision = decision};
@@ -136,8 +207,10 @@ static __always_inline void count_decision(const struct vrf_binding *vb, __u8 de
 		__u64 zero = 0;
 		bpf_map_update_elem(&decisions, &key, &zero, BPF_NOEXIST);
 		n = bpf_map_lookup_elem(&decisions, &key);
-		if (!n)
+		if (!n) {
+			count_unattributed(REASON_DECISIONS_FULL);
 			return;
+		}
 	}
 	__sync_fetch_and_add(n, 1);
 }
@@ -160,67 +233,404 @@ static __always_inline int listed8(const __u8 *list, __u8 n, __u8 v)
 	return 0;
 }
 
-static __always_inline int is_zero(const __u8 *b, int len)
+// Addresses are compared as 32-bit words copied out, so that no load depends
+// on the alignment of the bytes.
+static __always_inline __u32 word(const __u8 *a)
 {
-	for (int i = 0; i < len; i++)
-		if (b[i])
-			return 0;
-	return 1;
+	__u32 w;
+	__builtin_memcpy(&w, a, 4);
+	return w;
 }
 
-static __always_inline int equal(const __u8 *a, const __u8 *b, int len)
+static __always_inline int equal4(const __u8 *a, const __u8 *b)
 {
-	for (int i = 0; i < len; i++)
-		if (a[i] != b[i])
-			return 0;
-	return 1;
+	return word(a) == word(b);
+}
+
+static __always_inline int equal16(const __u8 *a, const __u8 *b)
+{
+	return word(a) == word(b) && word(a + 4) == word(b + 4) && word(a + 8) == word(b + 8) && word(a + 12) == word(b + 12);
+}
+
+static __always_inline int zero16(const __u8 *a)
+{
+	return (word(a) | word(a + 4) | word(a + 8) | word(a + 12)) == 0;
+}
+
+static __always_inline __u8 by_default(const struct traffic_policy *pol)
+{
+	return pol->default_action == ACTION_ALLOW ? DECISION_ALLOW : DECISION_DENY;
+}
+
+// The deepest offset a header is read at. Headers lie in a frame's first
+// bytes; the bound lets the verifier check every pointer into the frame.
+#define MAX_HEADER_OFFSET 1024
+
+// at returns a pointer to len bytes at off in the frame, pulling them into
+// the linear area when the kernel left them in page fragments, or NULL when
+// the frame is shorter. Direct access, not bpf_skb_load_bytes: a helper call
+// costs tens of nanoseconds on this path. A pull invalidates every earlier
+// pointer into the frame, so callers copy what they read before calling at
+// again.
+static __always_inline void *at(struct __sk_buff *skb, __u32 off, __u32 len)
+{
+	if (off > MAX_HEADER_OFFSET)
+		return NULL;
+	// Read afresh each time (volatile): a pointer the compiler carried
+	// across calls would reach the verifier as a 32-bit value it widens,
+	// and pointer arithmetic by shifts is refused.
+	void *data = (void *)(long)*(volatile __u32 *)&skb->data;
+	void *end = (void *)(long)*(volatile __u32 *)&skb->data_end;
+	if (data + off + len <= end)
+		return data + off;
+	if (off + len > skb->len || bpf_skb_pull_data(skb, off + len) < 0)
+		return NULL;
+	data = (void *)(long)*(volatile __u32 *)&skb->data;
+	end = (void *)(long)*(volatile __u32 *)&skb->data_end;
+	if (data + off + len > end)
+		return NULL;
+	return data + off;
+}
+
+// What the program learnt of an IP packet.
+struct packet {
+	__u8 src[16], dst[16]; // IPv4 in the first 4 bytes
+	__u32 l4off;           // offset of the upper-layer header in the frame
+	__u32 end;             // offset of the end of the IP packet in the frame
+	__u32 frag_id;
+	__u16 sport, dport; // TCP and UDP
+	__u8 icmp_type;     // ICMP and ICMPv6
+	__u8 is6;
+	__u8 l4proto;
+	__u8 fragment; // 0: none, 1: first fragment, 2: a later fragment
+};
+
+// parse_ipv4 fills p from the IPv4 header; a header the kernel would refuse
+// or that the frame cannot hold is malformed.
+static __always_inline int parse_ipv4(struct __sk_buff *skb, struct packet *p)
+{
+	struct iphdr *ip = at(skb, ETH_HLEN, sizeof(*ip));
+	if (!ip)
+		return -1;
+	__u32 hlen = ip->ihl * 4;
+	__u32 total = bpf_ntohs(ip->tot_len);
+	if (ip->version != 4 || hlen < sizeof(*ip) || total < hlen || ETH_HLEN + total > skb->len)
+		return -1;
+	__builtin_memcpy(p->src, &ip->saddr, 4);
+	__builtin_memcpy(p->dst, &ip->daddr, 4);
+	p->l4proto = ip->protocol;
+	p->l4off = ETH_HLEN + hlen;
+	p->end = ETH_HLEN + total;
+	__u16 frag = bpf_ntohs(ip->frag_off);
+	if (frag & 0x1fff)
+		p->fragment = 2;
+	else if (frag & 0x2000)
+		p->fragment = 1;
+	p->frag_id = bpf_ntohs(ip->id);
+	return 0;
+}
+
+// parse_ipv6 fills p from the IPv6 header and walks the extension headers
+// the kernel walks before the upper layer (hop-by-hop, routing, fragment,
+// destination options), in a bounded loop. A chain it cannot finish is
+// malformed: longer than MAX_EXT_HEADERS, or running past the packet.
+static __always_inline int parse_ipv6(struct __sk_buff *skb, struct packet *p)
+{
+	struct ipv6hdr *ip6 = at(skb, ETH_HLEN, sizeof(*ip6));
+	if (!ip6)
+		return -1;
+	__u32 end = ETH_HLEN + sizeof(*ip6) + bpf_ntohs(ip6->payload_len);
+	if (ip6->version != 6 || end > skb->len)
+		return -1;
+	__builtin_memcpy(p->src, &ip6->saddr, 16);
+	__builtin_memcpy(p->dst, &ip6->daddr, 16);
+	p->is6 = 1;
+	p->end = end;
+	__u8 nh = ip6->nexthdr;
+	__u32 off = ETH_HLEN + sizeof(*ip6);
+	for (int i = 0; i < MAX_EXT_HEADERS; i++) {
+		if (nh == IPPROTO_HOPOPTS || nh == IPPROTO_ROUTING || nh == IPPROTO_DSTOPTS) {
+			__u8 *h = off + 2 <= end ? at(skb, off, 2) : NULL;
+			if (!h)
+				return -1;
+			nh = h[0];
+			off += (h[1] + 1) * 8;
+		} else if (nh == IPPROTO_FRAGMENT) {
+			struct frag_hdr {
+				__u8 nexthdr, reserved;
+				__be16 frag_off;
+				__be32 id;
+			} *f = off + sizeof(*f) <= end ? at(skb, off, sizeof(*f)) : NULL;
+			if (!f)
+				return -1;
+			nh = f->nexthdr;
+			__u16 fo = bpf_ntohs(f->frag_off);
+			p->frag_id = bpf_ntohl(f->id);
+			off += sizeof(*f);
+			if (fo & 0xfff8) {
+				// A later fragment: its upper layer is in the first one.
+				p->fragment = 2;
+				p->l4proto = nh;
+				p->l4off = off;
+				return 0;
+			}
+			if (fo & 1)
+				p->fragment = 1; // the first; an atomic fragment is no fragment
+		} else {
+			p->l4proto = nh;
+			p->l4off = off;
+			return off > end ? -1 : 0;
+		}
+	}
+	return -1;
+}
+
+// parse_l4 reads the upper-layer fields the rules need: TCP and UDP ports,
+// the ICMP type. A first fragment or packet too short to carry them is
+// malformed.
+static __always_inline int parse_l4(struct __sk_buff *skb, struct packet *p)
+{
+	__u8 proto = p->l4proto;
+	if (proto != IPPROTO_TCP && proto != IPPROTO_UDP && proto != (p->is6 ? IPPROTO_ICMPV6 : IPPROTO_ICMP))
+		return 0;
+	__u8 *l4 = p->l4off + 4 <= p->end ? at(skb, p->l4off, 4) : NULL;
+	if (!l4)
+		return -1;
+	p->sport = (__u16)l4[0] << 8 | l4[1];
+	p->dport = (__u16)l4[2] << 8 | l4[3];
+	p->icmp_type = l4[0];
+	return 0;
+}
+
+// routed_to_host asks the kernel's route lookup for this interface whether
+// it forwards packets to p->dst; everything it does not forward (local and
+// broadcast addresses of the VRF, no route) is for the host. When forwarding
+// is off on the interface the kernel forwards nothing from it, so every
+// packet is for the host; an unanswered lookup fails closed the same way.
+// Answers are cached for ROUTE_CACHE_JIFFIES: an address added to the VRF
+// counts as the host's within that time.
+static __always_inline int routed_to_host(struct __sk_buff *skb, __u32 ifindex, const struct packet *p)
+{
+	__u32 h = ifindex * 0x9e3779b1 ^ word(p->dst) ^ word(p->dst + 4) ^ word(p->dst + 8) ^ word(p->dst + 12);
+	__u32 slot = (h ^ h >> 16) & (ROUTE_CACHE_SLOTS - 1);
+	__u8 family = p->is6 ? AF_INET6 : AF_INET;
+	__u64 now = bpf_jiffies64();
+	struct route_answer *a = bpf_map_lookup_elem(&route_cache, &slot);
+	if (a && a->ifindex == ifindex && a->family == family && equal16(a->dst, p->dst) && now < a->expires)
+		return a->to_host;
+
+	struct bpf_fib_lookup fib = {.family = family, .ifindex = ifindex};
+	if (p->is6) {
+		__builtin_memcpy(fib.ipv6_src, p->src, 16);
+		__builtin_memcpy(fib.ipv6_dst, p->dst, 16);
+	} else {
+		fib.ipv4_src = word(p->src);
+		fib.ipv4_dst = word(p->dst);
+	}
+	int host = 1; // NOT_FWDED (local, broadcast, no route), FWD_DISABLED, errors
+	switch (bpf_fib_lookup(skb, &fib, sizeof(fib), BPF_FIB_LOOKUP_SKIP_NEIGH)) {
+	case BPF_FIB_LKUP_RET_SUCCESS:
+	case BPF_FIB_LKUP_RET_NO_NEIGH:
+	case BPF_FIB_LKUP_RET_FRAG_NEEDED:
+	case BPF_FIB_LKUP_RET_UNSUPP_LWT:
+	case BPF_FIB_LKUP_RET_BLACKHOLE: // routed, then dropped by the host: not delivered to it
+	case BPF_FIB_LKUP_RET_UNREACHABLE:
+	case BPF_FIB_LKUP_RET_PROHIBIT:
+		host = 0;
+	}
+	if (a) {
+		a->expires = now + ROUTE_CACHE_JIFFIES;
+		a->ifindex = ifindex;
+		a->family = family;
+		a->to_host = host;
+		__builtin_memcpy(a->dst, p->dst, 16);
+	}
+	return host;
+}
+
+// to_host says whether the host itself receives a packet to p->dst on
+// ifindex rather than forwarding it: the gateway, broadcast, multicast, IPv6
+// link-local, and every address the kernel's route lookup does not forward.
+static __always_inline int to_host(struct __sk_buff *skb, __u32 ifindex, const struct packet *p, const struct gateway *gw)
+{
+	if (p->is6) {
+		if (p->dst[0] == 0xff || (p->dst[0] == 0xfe && (p->dst[1] & 0xc0) == 0x80))
+			return 1;
+		if (gw && equal16(gw->ipv6, p->dst) && !zero16(gw->ipv6))
+			return 1;
+	} else {
+		__u32 dst = word(p->dst);
+		if ((p->dst[0] & 0xf0) == 0xe0 || dst == 0xffffffff)
+			return 1;
+		if (gw && dst && equal4(gw->ipv4, p->dst))
+			return 1;
+	}
+	return routed_to_host(skb, ifindex, p);
+}
+
+// spoofed says whether an IP packet claims to come from somewhere a tenant
+// cannot: a multicast or broadcast source, the gateway's address, or a
+// router's or DHCP server's message (router advertisement, redirect, DHCP
+// replies). The attachment's own addresses are not known here; see
+// docs/datapath.md.
+static __always_inline int spoofed(struct __sk_buff *skb, const struct packet *p, const struct gateway *gw)
+{
+	if (p->is6) {
+		if (p->src[0] == 0xff || (gw && !zero16(gw->ipv6) && equal16(gw->ipv6, p->src)))
+			return 1;
+	} else {
+		if ((p->src[0] & 0xf0) == 0xe0 || word(p->src) == 0xffffffff || (gw && word(gw->ipv4) && equal4(gw->ipv4, p->src)))
+			return 1;
+	}
+	if (p->fragment == 2)
+		return 0; // no upper-layer header; the first fragment was checked
+	switch (p->l4proto) {
+	case IPPROTO_UDP:
+		return (p->sport == 67 && p->dport == 68) || (p->sport == 547 && p->dport == 546);
+	case IPPROTO_ICMP:
+		return !p->is6 && (p->icmp_type == 5 || p->icmp_type == 9); // redirect, router advertisement
+	case IPPROTO_ICMPV6:
+		if (p->icmp_type == 134 || p->icmp_type == 137) // router advertisement, redirect
+			return 1;
+		if (p->icmp_type == 136 && gw && !zero16(gw->ipv6)) { // advertisement claiming the gateway
+			__u8 *target = p->l4off + 24 <= p->end ? at(skb, p->l4off + 8, 16) : NULL;
+			return target && equal16(target, gw->ipv6);
+		}
+	}
+	return 0;
+}
+
+// decide_arp: ARP is how a VM finds its gateway, so it goes to the host
+// whatever the default action (the ethertype list still applies), unless it
+// is malformed or spoofed: a sender hardware address that is not the
+// frame's source, or a sender claiming the gateway's address.
+static __always_inline __u8 decide_arp(struct __sk_buff *skb, const struct gateway *gw, int check_spoofing)
+{
+	struct arp {
+		__u8 dst[6], src[6];
+		__be16 proto;
+		__be16 hrd, pro;
+		__u8 hln, pln;
+		__be16 op;
+		__u8 sha[6], spa[4], tha[6], tpa[4];
+	} __attribute__((packed)) *a = at(skb, 0, sizeof(*a));
+	if (!a)
+		return DECISION_MALFORMED;
+	__u16 op = bpf_ntohs(a->op);
+	if (a->hrd != bpf_htons(1) || a->pro != bpf_htons(ETH_P_IP) || a->hln != 6 || a->pln != 4 || (op != 1 && op != 2))
+		return DECISION_MALFORMED;
+	if (check_spoofing) {
+		if (word(a->sha) != word(a->src) || a->sha[4] != a->src[4] || a->sha[5] != a->src[5])
+			return DECISION_DENY;
+		if (gw && word(gw->ipv4) && equal4(gw->ipv4, a->spa))
+			return DECISION_DENY;
+	}
+	return DECISION_HOST_ONLY;
+}
+
+// fragment_key names p's datagram on ifindex as the kernel's reassembly
+// does.
+static __always_inline void fragment_key(struct fragment_key *k, __u32 ifindex, const struct packet *p)
+{
+	k->ifindex = ifindex;
+	k->id = p->frag_id;
+	k->family = p->is6 ? AF_INET6 : AF_INET;
+	k->protocol = p->is6 ? 0 : p->l4proto;
+	__builtin_memcpy(k->src, p->src, 16);
+	__builtin_memcpy(k->dst, p->dst, 16);
+}
+
+// judge_ip applies the rules to an IP packet whose upper layer is known.
+static __always_inline __u8 judge_ip(struct __sk_buff *skb, __u32 ifindex, const struct traffic_policy *pol,
+				     const struct packet *p, const struct gateway *gw)
+{
+	__u8 proto = p->l4proto;
+	if (pol->n_protocols && !listed8(pol->protocols, pol->n_protocols, proto))
+		return DECISION_DENY;
+	if (proto == IPPROTO_TCP || proto == IPPROTO_UDP) {
+		struct host_port_key key = {.ifindex = ifindex, .port = p->dport, .protocol = proto};
+		if (pol->default_action != ACTION_ALLOW) {
+			// Denied unless it is for the host on a listed port: the
+			// route lookup is needed only for a listed port.
+			__u8 *allowed = bpf_map_lookup_elem(&host_only_port, &key);
+			if (!allowed || !*allowed)
+				return DECISION_DENY;
+			return to_host(skb, ifindex, p, gw) ? DECISION_HOST_ONLY : DECISION_DENY;
+		}
+		if (!to_host(skb, ifindex, p, gw))
+			return DECISION_ALLOW;
+		__u8 *allowed = bpf_map_lookup_elem(&host_only_port, &key);
+		return allowed && *allowed ? DECISION_HOST_ONLY : DECISION_DENY;
+	}
+	if (proto == (p->is6 ? IPPROTO_ICMPV6 : IPPROTO_ICMP)) {
+		// Router solicitation, neighbor solicitation and advertisement
+		// for the host: how a VM finds its gateway.
+		__u8 t = p->icmp_type;
+		if (p->is6 && (t == 133 || t == 135 || t == 136) && to_host(skb, ifindex, p, gw))
+			return DECISION_HOST_ONLY;
+		// Any other ICMP, to the host or not, follows the default action.
+		return by_default(pol);
+	}
+	// No other protocol reaches the host: it offers tenants ports only.
+	if (pol->default_action != ACTION_ALLOW || to_host(skb, ifindex, p, gw))
+		return DECISION_DENY;
+	return DECISION_ALLOW;
 }
 
 static __always_inline __u8 decide(struct __sk_buff *skb, __u32 ifindex, const struct traffic_policy *pol)
 {
 	__u16 proto = bpf_ntohs(skb->protocol);
+	// The kernel strips one VLAN tag before TCX runs; a tag still there
+	// means a frame of two or more, whose IP the kernel would find behind
+	// them once the program let it through. Such frames are denied.
+	if (proto == ETH_P_8021Q || proto == ETH_P_8021AD)
+		return DECISION_DENY;
 	if (pol->n_ethertypes && !listed16(pol->ethertypes, pol->n_ethertypes, proto))
 		return DECISION_DENY;
-
-	__u8 l4proto = 0, dst[16] = {};
-	__u32 l4off = 0;
-	int is6 = 0;
-	if (proto == ETH_P_IP) {
-		struct iphdr ip;
-		if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip, sizeof(ip)) < 0)
+	int check_spoofing = !(pol->flags & POLICY_SPOOFING_ALLOWED);
+	if (check_spoofing) {
+		struct ethhdr *eth = at(skb, 0, sizeof(*eth));
+		if (!eth)
+			return DECISION_MALFORMED;
+		if (eth->h_source[0] & 1) // a group address is no frame's source
 			return DECISION_DENY;
-		l4proto = ip.protocol;
-		__builtin_memcpy(dst, &ip.daddr, 4);
-		l4off = ETH_HLEN + ip.ihl * 4;
-	} else if (proto == ETH_P_IPV6) {
-		struct ipv6hdr ip6;
-		if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip6, sizeof(ip6)) < 0)
-			return DECISION_DENY;
-		l4proto = ip6.nexthdr;
-		__builtin_memcpy(dst, &ip6.daddr, 16);
-		l4off = ETH_HLEN + sizeof(ip6);
-		is6 = 1;
-	} else {
-		return pol->default_action == ACTION_ALLOW ? DECISION_ALLOW : DECISION_DENY;
 	}
-
-	if (pol->n_protocols && !listed8(pol->protocols, pol->n_protocols, l4proto))
-		return DECISION_DENY;
-
 	struct gateway *gw = bpf_map_lookup_elem(&tenant_gateway, &ifindex);
-	if (gw && (l4proto == IPPROTO_TCP || l4proto == IPPROTO_UDP)) {
-		int to_gateway = is6 ? (!is_zero(gw->ipv6, 16) && equal(gw->ipv6, dst, 16))
-				     : (!is_zero(gw->ipv4, 4) && equal(gw->ipv4, dst, 4));
-		if (to_gateway) {
-			__be16 port;
-			if (bpf_skb_load_bytes(skb, l4off + 2, &port, sizeof(port)) < 0)
-				return DECISION_DENY;
-			struct host_port_key key = {.ifindex = ifindex, .port = bpf_ntohs(port), .protocol = l4proto};
-			__u8 *allowed = bpf_map_lookup_elem(&host_only_port, &key);
-			return allowed && *allowed ? DECISION_HOST_ONLY : DECISION_DENY;
-		}
+	if (proto == ETH_P_ARP)
+		return decide_arp(skb, gw, check_spoofing);
+
+	struct packet p = {};
+	if (proto == ETH_P_IP) {
+		if (parse_ipv4(skb, &p) < 0)
+			return DECISION_MALFORMED;
+	} else if (proto == ETH_P_IPV6) {
+		if (parse_ipv6(skb, &p) < 0)
+			return DECISION_MALFORMED;
+	} else {
+		return by_default(pol);
 	}
-	return pol->default_action == ACTION_ALLOW ? DECISION_ALLOW : DECISION_DENY;
+
+	if (p.fragment == 2) {
+		// No upper-layer header here: the fragment gets the decision on
+		// its datagram's first fragment, or is denied when none was seen.
+		struct fragment_key k = {};
+		fragment_key(&k, ifindex, &p);
+		__u8 *d = bpf_map_lookup_elem(&fragments, &k);
+		return d ? *d : DECISION_DENY;
+	}
+	__u8 d;
+	if (parse_l4(skb, &p) < 0)
+		d = DECISION_MALFORMED;
+	else if (check_spoofing && spoofed(skb, &p, gw))
+		d = DECISION_DENY;
+	else
+		d = judge_ip(skb, ifindex, pol, &p, gw);
+	if (p.fragment == 1) {
+		struct fragment_key k = {};
+		fragment_key(&k, ifindex, &p);
+		bpf_map_update_elem(&fragments, &k, &d, BPF_ANY);
+	}
+	return d;
 }
 
 SEC("tcx/ingress")
@@ -239,7 +649,7 @@ int tap_ingress(struct __sk_buff *skb)
 	}
 	__u8 d = decide(skb, ifindex, pol);
 	count_decision(vb, d);
-	return d == DECISION_DENY ? GALACTIC_TCX_DROP : GALACTIC_TCX_NEXT;
+	return d == DECISION_ALLOW || d == DECISION_HOST_ONLY ? GALACTIC_TCX_NEXT : GALACTIC_TCX_DROP;
 }
 
 char __license[] SEC("license") = "Dual BSD/GPL";
