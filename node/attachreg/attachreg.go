@@ -272,6 +272,11 @@ func (r *Registry) linkPin(ifindex uint32) string {
 // attach attaches the program to ifindex's TCX ingress and pins the link,
 // or, when a pinned link exists, points it at this build's program.
 func (r *Registry) attach(ifindex uint32) error {
+	// A pin left by a deleted device whose ifindex came back cannot be
+	// updated: it goes, and a new link is attached.
+	if err := r.detachWhenGone(ifindex); err != nil {
+		return err
+	}
 	pin := r.linkPin(ifindex)
 	if l, err := ciliumlink.LoadPinnedLink(pin, nil); err == nil {
 		defer l.Close()
@@ -302,28 +307,11 @@ func (r *Registry) attach(ifindex uint32) error {
 	return nil
 }
 
-// detach removes the pinned TCX link of ifindex, which detaches the program.
-// A link that is not pinned is already detached.
-func (r *Registry) detach(ifindex uint32) error {
-	pin := r.linkPin(ifindex)
-	l, err := ciliumlink.LoadPinnedLink(pin, nil)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("load tcx link %s: %w", pin, err)
-	}
-	defer l.Close()
-	if err := l.Unpin(); err != nil {
-		return fmt.Errorf("unpin tcx link %s: %w", pin, err)
-	}
-	return nil
-}
-
 // UnregisterInterface removes every row keyed by ifindex in every
-// per-interface map and detaches the program. A missing row or attachment is
-// fine, so it can be repeated. It never stops at the first failure: every map
-// is tried, and the failures are returned joined, each naming its map.
+// per-interface map, and detaches the program once the interface is gone:
+// until then the program drops all its frames. A missing row or attachment
+// is fine, so it can be repeated. It never stops at the first failure: every
+// map is tried, and the failures are returned joined, each naming its map.
 func (r *Registry) UnregisterInterface(ctx context.Context, ifindex uint32) error {
 	if ifindex == 0 {
 		return fmt.Errorf("unregister interface 0: %w", ErrInvalidRegistration)
@@ -346,7 +334,7 @@ func (r *Registry) unregister(ifindex uint32, maps []perInterfaceMap) error {
 			errs = append(errs, fmt.Errorf("map %s: %w", m.name, err))
 		}
 	}
-	if err := r.detach(ifindex); err != nil {
+	if err := r.detachWhenGone(ifindex); err != nil {
 		errs = append(errs, fmt.Errorf("tcx link: %w", err))
 	}
 	if err := errors.Join(errs...); err != nil {

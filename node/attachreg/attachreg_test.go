@@ -254,8 +254,10 @@ func TestUnregisterLeavesNoRowOfTheInterfaceInAnyMap(t *testing.T) {
 	if left := pinnedRowsKeyedBy(t, s.dp, ia); len(left) != 0 {
 		t.Fatalf("rows keyed by ifindex %d after unregister: %v", ia, left)
 	}
+	// The tap still exists: the program stays attached, dropping its
+	// frames, until the link is gone.
 	rows, err := s.reg.Rows(ia)
-	if err != nil || len(rows.Rows) != 0 || rows.Attached {
+	if err != nil || len(rows.Rows) != 0 || !rows.Attached {
 		t.Fatalf("Rows after unregister = %+v, %v", rows, err)
 	}
 	if after := pinnedRowsKeyedBy(t, s.dp, ib); len(after) != len(rowsB) || after["host_only_port"] != rowsB["host_only_port"] {
