@@ -2,28 +2,38 @@ package agent
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/datum-cloud/galactic-node/ebpf/datapath"
 )
 
 // mapCollector reports the rows and the capacity of every pinned map at
-// each scrape: a map that fills makes every ADD fail.
+// each scrape: a map that fills makes every ADD fail. It also reports the
+// frames the program could not count against their tenant because the
+// decisions map was full: they were still judged, but their tenant's
+// counters miss them.
 type mapCollector struct {
 	a                *Agent
 	entries, maxRows *prometheus.Desc
+	overflow         *prometheus.Desc
 }
 
-// MapCollector returns a collector of galactic_ebpf_map_entries{map} and
-// galactic_ebpf_map_max_entries{map}.
+// MapCollector returns a collector of galactic_ebpf_map_entries{map},
+// galactic_ebpf_map_max_entries{map} and
+// galactic_ebpf_decisions_overflow_total.
 func (a *Agent) MapCollector() prometheus.Collector {
 	return &mapCollector{
 		a:       a,
 		entries: prometheus.NewDesc("galactic_ebpf_map_entries", "Rows in each pinned eBPF map of the datapath.", []string{"map"}, nil),
 		maxRows: prometheus.NewDesc("galactic_ebpf_map_max_entries", "Capacity of each pinned eBPF map of the datapath.", []string{"map"}, nil),
+		overflow: prometheus.NewDesc("galactic_ebpf_decisions_overflow_total",
+			"Frames judged but counted against no tenant because the decisions map was full (unattributed, reason decisions_full).", nil, nil),
 	}
 }
 
 func (c *mapCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.entries
 	ch <- c.maxRows
+	ch <- c.overflow
 }
 
 func (c *mapCollector) Collect(ch chan<- prometheus.Metric) {
@@ -36,5 +46,12 @@ func (c *mapCollector) Collect(ch chan<- prometheus.Metric) {
 			continue
 		}
 		ch <- prometheus.MustNewConstMetric(c.entries, prometheus.GaugeValue, float64(len(rows)), l.Name)
+	}
+	// The count lives in the pinned map, so it survives daemon restarts
+	// and only grows: a counter.
+	if n, err := c.a.Datapath.Unattributed.Get(datapath.ReasonDecisionsFull); err != nil {
+		ch <- prometheus.NewInvalidMetric(c.overflow, err)
+	} else {
+		ch <- prometheus.MustNewConstMetric(c.overflow, prometheus.CounterValue, float64(n))
 	}
 }

@@ -327,12 +327,20 @@ func (r *Registry) UnregisterInterface(ctx context.Context, ifindex uint32) erro
 // demand, and the product carries no switch for it.
 func (r *Registry) unregister(ifindex uint32, maps []perInterfaceMap) error {
 	var errs []error
+	// The identity whose counters may go too, read before its row goes.
+	id, bound, err := r.boundIdentity(ifindex)
+	if err != nil {
+		errs = append(errs, fmt.Errorf("map decisions: identity: %w", err))
+	}
 	// Policy first: from then on the program drops the interface's frames
 	// as unregistered instead of applying a half-removed configuration.
 	for _, m := range orderPolicyFirst(maps) {
 		if err := m.delete(ifindex); err != nil {
 			errs = append(errs, fmt.Errorf("map %s: %w", m.name, err))
 		}
+	}
+	if err := r.clearDecisionsOf(ifindex, id, bound); err != nil {
+		errs = append(errs, fmt.Errorf("map decisions: %w", err))
 	}
 	if err := r.detachWhenGone(ifindex); err != nil {
 		errs = append(errs, fmt.Errorf("tcx link: %w", err))

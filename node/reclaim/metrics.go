@@ -74,7 +74,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		}, []string{"kind", "namespace", "name"}),
 		orphanRows: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "galactic_cni_orphan_ebpf_rows_removed_total",
-			Help: "eBPF rows (and, as map=\"tcx_link\", TCX link pins) of interfaces deleted behind the node's back, cleared by the orphan collection.",
+			Help: "eBPF rows (and, as map=\"tcx_link\", TCX link pins) of interfaces deleted behind the node's back, and (map=\"decisions\") decision counters of identities no interface names, cleared by the orphan collection.",
 		}, []string{"map"}),
 	}
 	for _, s := range []string{StageLock, StageVerify, StageRows, StageLink} {

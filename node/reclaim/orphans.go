@@ -96,4 +96,5 @@ func (r *Reclaimer) collectOrphans(ctx context.Context, links []link.Link, dryRu
 	r.mu.Lock()
 	r.orphans = next
 	r.mu.Unlock()
+	r.collectOrphanDecisions(ctx, dryRun, rep)
 }
