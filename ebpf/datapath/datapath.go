@@ -41,7 +41,9 @@ type Datapath struct {
 // Load mounts bpffs at bpffs if nothing is mounted there (creating the
 // folder), loads the program, and creates its maps or reuses those already
 // pinned under <bpffs>/galactic. A pinned map whose layout differs from this
-// build's is an error, never silently replaced: it holds live rows.
+// build's is an error, never silently replaced: it holds live rows. The
+// program's state maps, pinned under <bpffs>/galactic/state and shared by
+// every loaded instance, hold no rows and are replaced instead (state.go).
 func Load(bpffs string) (*Datapath, error) {
 	if err := EnsureBPFFS(bpffs); err != nil {
 		return nil, err
