@@ -30,6 +30,13 @@ func OpenPinned(bpffs string) (*Datapath, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The program's own state maps (not pinned) are never used without
+	// the program: create them at the smallest size.
+	for _, m := range spec.Maps {
+		if m.Pinning != ebpf.PinByName && m.MaxEntries > 1 {
+			m.MaxEntries = 1
+		}
+	}
 	d := &Datapath{pinDir: pinDir}
 	if err := spec.LoadAndAssign(&d.objs.datapathMaps, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: pinDir}}); err != nil {
 		return nil, fmt.Errorf("open datapath maps in %s: %w", pinDir, err)

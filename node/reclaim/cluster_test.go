@@ -201,7 +201,8 @@ func waitFlocked(t *testing.T, path string) {
 // deliver changes asynchronously.
 func (s *scene) waitInventory(what string, cond func(*inventory.Snapshot) bool) {
 	s.t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
+	// A wait, not a timing assertion: generous for a loaded CI machine.
+	deadline := time.Now().Add(60 * time.Second)
 	for {
 		snap := s.inv.Snapshot(context.Background())
 		if cond(&snap) {
