@@ -48,12 +48,25 @@ type fakeBackend struct {
 	touched atomic.Int32
 	// pending, when set, is what Pending returns.
 	pending atomic.Pointer[[]reclaim.Pending]
+	// taps, when set, is what Taps returns.
+	taps atomic.Pointer[[]agent.TapView]
+	// notReady, when set, is what Ready returns.
+	notReady atomic.Pointer[error]
 }
 
-func (f *fakeBackend) Ready(context.Context) error { f.touched.Add(1); return nil }
+func (f *fakeBackend) Ready(context.Context) error {
+	f.touched.Add(1)
+	if err := f.notReady.Load(); err != nil {
+		return *err
+	}
+	return nil
+}
 func (f *fakeBackend) Taps(context.Context) ([]agent.TapView, error) {
 	f.touched.Add(1)
 	f.calls.Add(1)
+	if t := f.taps.Load(); t != nil {
+		return *t, nil
+	}
 	return []agent.TapView{{Name: "G000000010013H", Ifindex: 7, Identity: identity.Identity{VPC: 62, Attachment: 65}, VPC: "10", Attachment: "13", Owner: "sandbox-1", State: agent.StateCandidate}}, nil
 }
 func (f *fakeBackend) Pending() []reclaim.Pending {
@@ -124,11 +137,14 @@ func start(t *testing.T, cfg admin.Config) *server {
 	t.Helper()
 	s := &server{backend: &fakeBackend{}, logs: &syncBuffer{}}
 	if cfg.Tokens == nil && cfg.Kube == nil {
-		tokens, err := admin.LoadTokenFile(tokenFile(t, "# operators\nadmin "+adminToken+"\nread "+readToken+" # on-call\n"))
+		tokens, err := admin.LoadTokenFile(tokenFile(t, "# operators\nadmin "+adminToken+"\n  # on-call\nread "+readToken+"\n"))
 		if err != nil {
 			t.Fatal(err)
 		}
 		cfg.Tokens = tokens
+	}
+	if cfg.ForcesPerMinute == 0 {
+		cfg.ForcesPerMinute = 6 // the daemon's default; 0 would disable forcing
 	}
 	cfg.Log = slog.New(slog.NewJSONHandler(s.logs, nil))
 	s.srv = admin.NewServer(admin.NewHandler(s.backend, cfg), cfg.Log)
@@ -169,7 +185,7 @@ func (s *server) do(t *testing.T, method, path, token string, body io.Reader, hd
 	return resp, out
 }
 
-var readRoutes = []string{"/v1/taps", "/v1/taps/pending", "/v1/passes", "/v1/passes/last", "/v1/ebpf/maps", "/v1/ebpf/maps/traffic_policy", "/v1/ebpf/interfaces/7"}
+var readRoutes = []string{"/v1/status", "/v1/taps", "/v1/taps/pending", "/v1/passes", "/v1/passes/last", "/v1/ebpf/maps", "/v1/ebpf/maps/traffic_policy", "/v1/ebpf/interfaces/7"}
 
 func TestEveryRouteButHealthNeedsAToken(t *testing.T) {
 	s := start(t, admin.Config{})
@@ -401,6 +417,7 @@ var routes = []struct {
 }{
 	{"GET", "/healthz", "/healthz", nil},
 	{"GET", "/readyz", "/readyz", nil},
+	{"GET", "/v1/status", "/v1/status", nil},
 	{"GET", "/v1/taps", "/v1/taps", nil},
 	{"GET", "/v1/taps/pending", "/v1/taps/pending", nil},
 	{"GET", "/v1/passes", "/v1/passes", nil},

@@ -1,9 +1,12 @@
 package admin
 
 import (
+	"container/list"
 	"context"
 	"crypto/sha256"
+	"encoding/binary"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -20,43 +23,51 @@ const (
 	KubeAuthResource = "nodes"
 )
 
+// How long review results are kept, how many, and how long a review may
+// take. A negative result is kept briefly, so that a token that just became
+// valid, or a user just granted access, is not refused for long.
+const (
+	AuthnTTL         = time.Minute
+	AuthzAllowTTL    = 5 * time.Minute
+	NegativeTTL      = 10 * time.Second
+	MaxCachedReviews = 4096
+	ReviewTimeout    = 5 * time.Second
+)
+
 // KubeAuth delegates authentication (TokenReview) and authorisation
-// (SubjectAccessReview) to the API server, as kubelet does, caching results
-// briefly: authentication 1 min, allow 5 min, deny 30 s.
+// (SubjectAccessReview) to the API server, as kubelet does. Results are
+// cached in bounded LRU caches: authentication by the token's SHA-256,
+// authorisation by the whole user the TokenReview returned (name, UID,
+// groups, extra) and the verb, so that two tokens of one name with
+// different groups are judged apart.
 type KubeAuth struct {
 	client kubernetes.Interface
 	node   string
+	// Timeout bounds each review request; NewKubeAuth sets ReviewTimeout.
+	Timeout time.Duration
 
-	mu    sync.Mutex
-	authn map[[sha256.Size]byte]authnResult
-	authz map[authzKey]authzResult
+	authn *lru[authnResult]
+	authz *lru[bool]
 }
 
 type authnResult struct {
-	user    authnv1.UserInfo
-	ok      bool
-	expires time.Time
-}
-
-type authzKey struct {
-	user string
-	verb string
-}
-
-type authzResult struct {
-	allowed bool
-	expires time.Time
+	user authnv1.UserInfo
+	ok   bool
 }
 
 // NewKubeAuth returns a delegated authenticator for the node called node.
 func NewKubeAuth(client kubernetes.Interface, node string) *KubeAuth {
-	return &KubeAuth{client: client, node: node, authn: map[[sha256.Size]byte]authnResult{}, authz: map[authzKey]authzResult{}}
+	return &KubeAuth{client: client, node: node, Timeout: ReviewTimeout,
+		authn: newLRU[authnResult](MaxCachedReviews), authz: newLRU[bool](MaxCachedReviews)}
 }
 
 // Review authenticates token and asks whether its user may verb this node's
-// admin resource. user is empty when the token did not authenticate.
-func (k *KubeAuth) Review(ctx context.Context, token, verb string) (user string, allowed bool, err error) {
-	info, ok, err := k.authenticate(ctx, token)
+// admin resource. user is empty when the token did not authenticate. A
+// token not in the cache needs a unit of the failure budget (nil: no
+// budget), spent before its TokenReview and given back when it
+// authenticates; without one, Review asks nothing and returns errNoBudget.
+func (k *KubeAuth) Review(ctx context.Context, token, verb string, budget *bucket) (user string, allowed bool, err error) {
+	info, ok, err := k.authenticate(ctx, token, budget)
 	if err != nil || !ok {
 		return "", false, err
 	}
@@ -64,40 +75,50 @@ func (k *KubeAuth) Review(ctx context.Context, token, verb string) (user string,
 	return info.Username, allowed, err
 }
 
-func (k *KubeAuth) authenticate(ctx context.Context, token string) (authnv1.UserInfo, bool, error) {
+func (k *KubeAuth) authenticate(ctx context.Context, token string, budget *bucket) (authnv1.UserInfo, bool, error) {
 	key := sha256.Sum256([]byte(token))
 	now := time.Now()
-	k.mu.Lock()
-	if r, hit := k.authn[key]; hit && now.Before(r.expires) {
-		k.mu.Unlock()
+	if r, hit := k.authn.get(key, now); hit {
 		return r.user, r.ok, nil
 	}
-	k.mu.Unlock()
+	if budget != nil && !budget.take(now) {
+		return authnv1.UserInfo{}, false, errNoBudget
+	}
+	ctx, cancel := context.WithTimeout(ctx, k.Timeout)
+	defer cancel()
 	tr, err := k.client.AuthenticationV1().TokenReviews().Create(ctx, &authnv1.TokenReview{Spec: authnv1.TokenReviewSpec{Token: token}}, metav1.CreateOptions{})
 	if err != nil {
+		// Not the caller's failure: the budget is for tokens the API
+		// server refused.
+		if budget != nil {
+			budget.give()
+		}
 		return authnv1.UserInfo{}, false, fmt.Errorf("token review: %w", err)
 	}
-	r := authnResult{user: tr.Status.User, ok: tr.Status.Authenticated, expires: now.Add(time.Minute)}
-	k.mu.Lock()
-	prune(k.authn, now, func(r authnResult) time.Time { return r.expires })
-	k.authn[key] = r
-	k.mu.Unlock()
+	r := authnResult{user: tr.Status.User, ok: tr.Status.Authenticated}
+	ttl := NegativeTTL
+	if r.ok {
+		ttl = AuthnTTL
+		if budget != nil {
+			budget.give()
+		}
+	}
+	k.authn.put(key, r, now.Add(ttl))
 	return r.user, r.ok, nil
 }
 
 func (k *KubeAuth) authorize(ctx context.Context, user authnv1.UserInfo, verb string) (bool, error) {
-	key := authzKey{user: user.Username, verb: verb}
+	key := authzKey(user, verb)
 	now := time.Now()
-	k.mu.Lock()
-	if r, hit := k.authz[key]; hit && now.Before(r.expires) {
-		k.mu.Unlock()
-		return r.allowed, nil
+	if allowed, hit := k.authz.get(key, now); hit {
+		return allowed, nil
 	}
-	k.mu.Unlock()
 	extra := map[string]authzv1.ExtraValue{}
 	for k, v := range user.Extra {
 		extra[k] = authzv1.ExtraValue(v)
 	}
+	ctx, cancel := context.WithTimeout(ctx, k.Timeout)
+	defer cancel()
 	sar, err := k.client.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authzv1.SubjectAccessReview{Spec: authzv1.SubjectAccessReviewSpec{
 		User: user.Username, UID: user.UID, Groups: user.Groups, Extra: extra,
 		ResourceAttributes: &authzv1.ResourceAttributes{Group: KubeAuthGroup, Resource: KubeAuthResource, Name: k.node, Verb: verb},
@@ -105,33 +126,106 @@ func (k *KubeAuth) authorize(ctx context.Context, user authnv1.UserInfo, verb st
 	if err != nil {
 		return false, fmt.Errorf("subject access review: %w", err)
 	}
-	ttl := 30 * time.Second
+	ttl := NegativeTTL
 	if sar.Status.Allowed {
-		ttl = 5 * time.Minute
+		ttl = AuthzAllowTTL
 	}
-	k.mu.Lock()
-	prune(k.authz, now, func(r authzResult) time.Time { return r.expires })
-	k.authz[key] = authzResult{allowed: sar.Status.Allowed, expires: now.Add(ttl)}
-	k.mu.Unlock()
+	k.authz.put(key, sar.Status.Allowed, now.Add(ttl))
 	return sar.Status.Allowed, nil
 }
 
-// maxCached bounds each cache, so that callers presenting endless distinct
-// tokens cannot grow the daemon's memory.
-const maxCached = 4096
-
-// prune drops expired entries once a cache is full, and everything if that
-// is not enough. Called with k.mu held.
-func prune[K comparable, V any](m map[K]V, now time.Time, expires func(V) time.Time) {
-	if len(m) < maxCached {
-		return
+// authzKey is the SHA-256 of everything a SubjectAccessReview is asked
+// about the user, and the verb, each field length-prefixed so that no two
+// users encode alike. Groups and extra keys are sorted: their order does not
+// change what the authorizer answers.
+func authzKey(u authnv1.UserInfo, verb string) [sha256.Size]byte {
+	h := sha256.New()
+	field := func(s string) {
+		_ = binary.Write(h, binary.BigEndian, uint32(len(s)))
+		h.Write([]byte(s))
 	}
-	for k, v := range m {
-		if !now.Before(expires(v)) {
-			delete(m, k)
+	field(verb)
+	field(u.Username)
+	field(u.UID)
+	groups := slices.Sorted(slices.Values(u.Groups))
+	_ = binary.Write(h, binary.BigEndian, uint32(len(groups)))
+	for _, g := range groups {
+		field(g)
+	}
+	keys := make([]string, 0, len(u.Extra))
+	for k := range u.Extra {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	_ = binary.Write(h, binary.BigEndian, uint32(len(keys)))
+	for _, k := range keys {
+		field(k)
+		_ = binary.Write(h, binary.BigEndian, uint32(len(u.Extra[k])))
+		for _, v := range u.Extra[k] {
+			field(v)
 		}
 	}
-	if len(m) >= maxCached {
-		clear(m)
+	var sum [sha256.Size]byte
+	h.Sum(sum[:0])
+	return sum
+}
+
+// lru is a cache of at most max entries keyed by a SHA-256, each with an
+// expiry; when full, the least recently used entry makes room.
+type lru[V any] struct {
+	mu    sync.Mutex
+	max   int
+	order *list.List // front: most recently used; values *lruEntry[V]
+	byKey map[[sha256.Size]byte]*list.Element
+}
+
+type lruEntry[V any] struct {
+	key     [sha256.Size]byte
+	value   V
+	expires time.Time
+}
+
+func newLRU[V any](max int) *lru[V] {
+	return &lru[V]{max: max, order: list.New(), byKey: map[[sha256.Size]byte]*list.Element{}}
+}
+
+func (c *lru[V]) get(key [sha256.Size]byte, now time.Time) (V, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var zero V
+	el, ok := c.byKey[key]
+	if !ok {
+		return zero, false
 	}
+	e := el.Value.(*lruEntry[V])
+	if !now.Before(e.expires) {
+		c.order.Remove(el)
+		delete(c.byKey, key)
+		return zero, false
+	}
+	c.order.MoveToFront(el)
+	return e.value, true
+}
+
+func (c *lru[V]) put(key [sha256.Size]byte, v V, expires time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if el, ok := c.byKey[key]; ok {
+		e := el.Value.(*lruEntry[V])
+		e.value, e.expires = v, expires
+		c.order.MoveToFront(el)
+		return
+	}
+	for c.order.Len() >= c.max {
+		oldest := c.order.Back()
+		c.order.Remove(oldest)
+		delete(c.byKey, oldest.Value.(*lruEntry[V]).key)
+	}
+	c.byKey[key] = c.order.PushFront(&lruEntry[V]{key: key, value: v, expires: expires})
+}
+
+func (c *lru[V]) len() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.order.Len()
 }

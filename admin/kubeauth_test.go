@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/datum-cloud/galactic-node/admin"
 	"github.com/datum-cloud/galactic-node/internal/clustertest"
@@ -87,5 +89,49 @@ func TestDelegatedAuthFollowsRBAC(t *testing.T) {
 		if strings.Contains(s.logs.String(), secret) {
 			t.Fatal("the log contains a service account token")
 		}
+	}
+}
+
+// TestAReviewTheAPIServerNeverAnswersEnds: the API server here accepts
+// the TokenReview and never answers (an HTTPS server whose handler waits
+// for the test to end, as a hung or partitioned API server does). The
+// request ends with 503 once KubeAuth.Timeout has passed, instead of
+// holding its connection for as long as the client waits.
+func TestAReviewTheAPIServerNeverAnswersEnds(t *testing.T) {
+	hang := make(chan struct{})
+	api := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-hang:
+		case <-r.Context().Done():
+		}
+	}))
+	defer api.Close()
+	defer close(hang)
+	cs, err := kubernetes.NewForConfig(&rest.Config{Host: api.URL, TLSClientConfig: rest.TLSClientConfig{Insecure: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := admin.NewKubeAuth(cs, "node-a")
+	k.Timeout = 200 * time.Millisecond
+	s := start(t, admin.Config{Kube: k})
+	done := make(chan int, 1)
+	go func() {
+		req, _ := http.NewRequest("GET", s.url+"/v1/taps", nil)
+		req.Header.Set("Authorization", "Bearer some-kubernetes-token-0123")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			done <- 0
+			return
+		}
+		resp.Body.Close()
+		done <- resp.StatusCode
+	}()
+	select {
+	case code := <-done:
+		if code != http.StatusServiceUnavailable {
+			t.Fatalf("a review never answered: %d, want 503", code)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the request still waits on the review after 30 s")
 	}
 }

@@ -1,6 +1,7 @@
 package admin
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -9,6 +10,8 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/datum-cloud/galactic-node/ebpf/datapath"
 	"github.com/datum-cloud/galactic-node/node/agent"
@@ -29,21 +32,101 @@ func (t tabular) MarshalJSON() ([]byte, error) {
 	}{t.items})
 }
 
+// writeText renders v for a person at a terminal. Every cell and message
+// goes through escapeText: a process name, a link alias or a tap name comes
+// from whoever made it, and must not move the cursor, recolour the screen
+// or start a row of its own.
 func writeText(w io.Writer, v any) {
 	switch v := v.(type) {
 	case tabular:
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, strings.Join(v.header, "\t"))
+		fmt.Fprintln(tw, strings.Join(escapeAll(v.header), "\t"))
 		for _, r := range v.rows {
-			fmt.Fprintln(tw, strings.Join(r, "\t"))
+			fmt.Fprintln(tw, strings.Join(escapeAll(r), "\t"))
 		}
 		_ = tw.Flush()
 	case errorBody:
-		fmt.Fprintln(w, "error: "+v.Error)
+		fmt.Fprintln(w, "error: "+escapeText(v.Error))
 	default:
 		b, _ := json.MarshalIndent(v, "", "  ")
-		fmt.Fprintln(w, string(b))
+		fmt.Fprintln(w, string(escapeJSON(b)))
 	}
+}
+
+func escapeAll(cells []string) []string {
+	out := make([]string, len(cells))
+	for i, c := range cells {
+		out[i] = escapeText(c)
+	}
+	return out
+}
+
+// unsafeRune reports whether a terminal could act on r rather than show it:
+// C0 and C1 controls, DEL, the bidirectional overrides and isolates (which
+// reorder what follows), and the Unicode line and paragraph separators.
+func unsafeRune(r rune) bool {
+	return unicode.IsControl(r) || unicode.Is(unicode.Bidi_Control, r) || r == '\u2028' || r == '\u2029'
+}
+
+// escapeText shows s with every unsafe rune, every byte that is not UTF-8,
+// and the backslash itself as Go-style escapes (\x1b, \n, \u202e, \\), so
+// that what is shown always reads back to what was there.
+func escapeText(s string) string {
+	clean := true
+	for _, r := range s {
+		if r == utf8.RuneError || r == '\\' || unsafeRune(r) {
+			clean = false
+			break
+		}
+	}
+	if clean {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); {
+		r, size := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && size <= 1:
+			fmt.Fprintf(&b, `\x%02x`, s[i])
+		case r == '\\':
+			b.WriteString(`\\`)
+		case r == '\n':
+			b.WriteString(`\n`)
+		case r == '\r':
+			b.WriteString(`\r`)
+		case r == '\t':
+			b.WriteString(`\t`)
+		case r < 0x80 && unsafeRune(r):
+			fmt.Fprintf(&b, `\x%02x`, r)
+		case unsafeRune(r):
+			fmt.Fprintf(&b, `\u%04x`, r)
+		default:
+			b.WriteString(s[i : i+size])
+		}
+		i += size
+	}
+	return b.String()
+}
+
+// escapeJSON escapes, in JSON that encoding/json wrote, the unsafe runes it
+// leaves raw (DEL, C1 controls, bidirectional controls) as \uXXXX: the same
+// JSON value, safe on a terminal. encoding/json already escapes C0
+// controls, U+2028 and U+2029, and replaces invalid UTF-8.
+func escapeJSON(b []byte) []byte {
+	if !bytes.ContainsFunc(b, func(r rune) bool { return r >= 0x7f && unsafeRune(r) }) {
+		return b
+	}
+	var out bytes.Buffer
+	for len(b) > 0 {
+		r, size := utf8.DecodeRune(b)
+		if r >= 0x7f && unsafeRune(r) {
+			fmt.Fprintf(&out, `\u%04x`, r)
+		} else {
+			out.Write(b[:size])
+		}
+		b = b[size:]
+	}
+	return out.Bytes()
 }
 
 func dash(s string) string {

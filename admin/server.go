@@ -1,16 +1,22 @@
 // Package admin serves the node daemon's authenticated HTTP admin API:
 // operators list taps and pending candidates, force a pass, and read eBPF
-// rows. It knows HTTP and nothing of netlink; the node is a Backend.
+// rows. It knows HTTP and nothing of netlink; the node is a Backend. It also
+// owns what every listener of the daemon is bounded by (listen.go): header
+// size, connections and time.
 //
 // Every route but /healthz and /readyz needs "Authorization: Bearer
 // <token>": a token from the token file (role read or admin), or, with
 // delegated auth, one the API server authenticates and authorises. Tokens in
-// the query string are refused; tokens are never logged. A query parameter
-// a route does not read, or one it reads given twice, is refused with 400
-// and nothing done: ?dryrun=true must not run a real pass.
+// the query string are refused; tokens are never logged. Failed
+// authentications are rate-limited (429 beyond the budget). A query
+// parameter a route does not read, or one it reads given twice, is refused
+// with 400 and nothing done: ?dryrun=true must not run a real pass. The
+// public probes say only whether the node is ready; why not is on GET
+// /v1/status.
 package admin
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -49,7 +55,7 @@ type Config struct {
 	Tokens *TokenFile // may be nil when Kube is set
 	Kube   *KubeAuth  // delegated auth; nil disables it
 	// ForcesPerMinute bounds POST /v1/passes; beyond it callers get 429.
-	// 0 means the default, 6.
+	// 0 (or less) disables forced passes: every POST /v1/passes gets 403.
 	ForcesPerMinute int
 	// MaxBodyBytes bounds request bodies (413 beyond). 0 means 4 KiB.
 	MaxBodyBytes int64
@@ -66,20 +72,30 @@ type handler struct {
 	cfg    Config
 	log    *slog.Logger
 	forces *window
+	// failures is the budget of failed authentications: each one spends a
+	// unit, and a token that would need a TokenReview or that no file holds
+	// gets 429 while the budget is spent.
+	failures *bucket
 }
+
+// Budget of failed authentications: FailedAuthBurst at once, then
+// FailedAuthPerSecond. It bounds the TokenReviews that unknown tokens cost
+// the API server, and the pace of guessing.
+const (
+	FailedAuthBurst     = 20
+	FailedAuthPerSecond = 2
+)
 
 // NewHandler returns the admin API's routes.
 func NewHandler(b Backend, cfg Config) http.Handler {
-	if cfg.ForcesPerMinute <= 0 {
-		cfg.ForcesPerMinute = 6
-	}
 	if cfg.MaxBodyBytes <= 0 {
 		cfg.MaxBodyBytes = 4 << 10
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	h := &handler{b: b, cfg: cfg, log: cfg.Log, forces: &window{limit: cfg.ForcesPerMinute, span: time.Minute}}
+	h := &handler{b: b, cfg: cfg, log: cfg.Log, forces: &window{limit: cfg.ForcesPerMinute, span: time.Minute},
+		failures: newBucket(FailedAuthBurst, FailedAuthPerSecond, time.Now())}
 	r := chi.NewRouter()
 	r.Use(h.accessLog, h.limitBody)
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) { writeError(w, r, http.StatusNotFound, "no such route") })
@@ -96,6 +112,7 @@ func NewHandler(b Backend, cfg Config) http.Handler {
 	r.Route("/v1", func(r chi.Router) {
 		r.Group(func(r chi.Router) {
 			r.Use(h.authorize(RoleRead, "get"))
+			r.With(accepts()).Get("/status", h.status)
 			r.With(accepts()).Get("/taps", h.taps)
 			r.With(accepts()).Get("/taps/pending", h.pending)
 			r.With(accepts()).Get("/passes", h.passes)
@@ -178,21 +195,6 @@ func checkQuery(raw string, names []string) string {
 	return ""
 }
 
-// NewServer wraps h in an http.Server whose timeouts cut off slow clients:
-// a client that never finishes its headers is dropped after 5 s. Writes may
-// take up to 2 min, the bound of a forced pass waiting for one in flight.
-func NewServer(h http.Handler, log *slog.Logger) *http.Server {
-	return &http.Server{
-		Handler:           h,
-		ReadHeaderTimeout: 5 * time.Second,
-		ReadTimeout:       10 * time.Second,
-		WriteTimeout:      2 * time.Minute,
-		IdleTimeout:       time.Minute,
-		MaxHeaderBytes:    16 << 10,
-		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
-	}
-}
-
 type principalKey struct{}
 
 // authorize admits callers whose token grants need (static tokens) or whose
@@ -221,24 +223,28 @@ func (h *handler) authorize(need Role, verb string) func(http.Handler) http.Hand
 				writeError(w, r, http.StatusForbidden, fmt.Sprintf("a %s token cannot %s this", role, verb))
 				return
 			case h.cfg.Kube != nil:
-				user, allowed, err := h.cfg.Kube.Review(r.Context(), token, verb)
+				user, allowed, err := h.cfg.Kube.Review(r.Context(), token, verb, h.failures)
 				switch {
+				case errors.Is(err, errNoBudget):
+					tooManyFailures(w, r)
+					return
 				case err != nil:
 					h.log.Warn("delegated auth failed", "error", err)
 					writeError(w, r, http.StatusServiceUnavailable, "delegated authentication unavailable")
 					return
 				case user == "":
-					w.Header().Set("WWW-Authenticate", `Bearer realm="galactic-node"`)
-					writeError(w, r, http.StatusUnauthorized, "invalid bearer token")
+					unauthorized(w, r)
 					return
 				case !allowed:
 					writeError(w, r, http.StatusForbidden, fmt.Sprintf("%s may not %s %s.%s", user, verb, KubeAuthResource, KubeAuthGroup))
 					return
 				}
 				principal = "kube:" + user
+			case !h.failures.take(time.Now()):
+				tooManyFailures(w, r)
+				return
 			default:
-				w.Header().Set("WWW-Authenticate", `Bearer realm="galactic-node"`)
-				writeError(w, r, http.StatusUnauthorized, "invalid bearer token")
+				unauthorized(w, r)
 				return
 			}
 			if p, ok := r.Context().Value(principalKey{}).(*string); ok {
@@ -247,6 +253,16 @@ func (h *handler) authorize(need Role, verb string) func(http.Handler) http.Hand
 			next.ServeHTTP(w, r)
 		})
 	}
+}
+
+func unauthorized(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("WWW-Authenticate", `Bearer realm="galactic-node"`)
+	writeError(w, r, http.StatusUnauthorized, "invalid bearer token")
+}
+
+func tooManyFailures(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Retry-After", "1")
+	writeError(w, r, http.StatusTooManyRequests, "too many failed authentications: retry later")
 }
 
 func bearer(r *http.Request) (string, bool) {
@@ -292,12 +308,28 @@ func (h *handler) limitBody(next http.Handler) http.Handler {
 	})
 }
 
+// readyz answers anyone, so it says only ready or not: why not names
+// files and internal errors, and is on /v1/status.
 func (h *handler) readyz(w http.ResponseWriter, r *http.Request) {
 	if err := h.b.Ready(r.Context()); err != nil {
-		writeError(w, r, http.StatusServiceUnavailable, "not ready: "+err.Error())
+		writeJSON(w, r, http.StatusServiceUnavailable, map[string]string{"status": "not ready"})
 		return
 	}
 	writeJSON(w, r, http.StatusOK, map[string]string{"status": "ready"})
+}
+
+// Status is GET /v1/status: readiness and, when not ready, why.
+type Status struct {
+	Ready  bool   `json:"ready"`
+	Reason string `json:"reason,omitempty"`
+}
+
+func (h *handler) status(w http.ResponseWriter, r *http.Request) {
+	st := Status{Ready: true}
+	if err := h.b.Ready(r.Context()); err != nil {
+		st = Status{Reason: err.Error()}
+	}
+	writeJSON(w, r, http.StatusOK, st)
 }
 
 func (h *handler) taps(w http.ResponseWriter, r *http.Request) {
@@ -327,6 +359,10 @@ func (h *handler) lastPass(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *handler) force(w http.ResponseWriter, r *http.Request) {
+	if h.cfg.ForcesPerMinute <= 0 {
+		writeError(w, r, http.StatusForbidden, "forced passes are disabled on this node (--admin-forces-per-minute 0)")
+		return
+	}
 	dryRun := false
 	if v := r.URL.Query().Get("dryRun"); v != "" {
 		b, err := strconv.ParseBool(v)
@@ -443,6 +479,45 @@ func (w *window) allow(now time.Time) (retryAfter time.Duration, ok bool) {
 	return 0, true
 }
 
+// errNoBudget is what a delegated review returns instead of asking the API
+// server while the budget of failed authentications is spent.
+var errNoBudget = errors.New("too many failed authentications")
+
+// bucket is a token bucket: up to burst units, refilled at perSecond.
+type bucket struct {
+	mu        sync.Mutex
+	burst     float64
+	perSecond float64
+	units     float64
+	at        time.Time
+}
+
+func newBucket(burst, perSecond int, now time.Time) *bucket {
+	return &bucket{burst: float64(burst), perSecond: float64(perSecond), units: float64(burst), at: now}
+}
+
+// take spends a unit if one is left.
+func (b *bucket) take(now time.Time) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if now.After(b.at) {
+		b.units = min(b.burst, b.units+now.Sub(b.at).Seconds()*b.perSecond)
+		b.at = now
+	}
+	if b.units < 1 {
+		return false
+	}
+	b.units--
+	return true
+}
+
+// give returns a unit spent on what turned out not to be a failure.
+func (b *bucket) give() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.units = min(b.burst, b.units+1)
+}
+
 func writeError(w http.ResponseWriter, r *http.Request, status int, msg string) {
 	writeJSON(w, r, status, errorBody{Error: msg})
 }
@@ -460,9 +535,12 @@ func writeJSON(w http.ResponseWriter, r *http.Request, status int, v any) {
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
-	enc := json.NewEncoder(w)
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
 	enc.SetIndent("", "  ")
 	_ = enc.Encode(v)
+	// curl prints JSON to a terminal too.
+	_, _ = w.Write(escapeJSON(buf.Bytes()))
 }
 
 func wantsText(r *http.Request) bool {

@@ -6,11 +6,14 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
+	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -38,61 +41,99 @@ type tokenEntry struct {
 	sum  [sha256.Size]byte
 }
 
+// maxTokenFileBytes bounds what is read of a token file.
+const maxTokenFileBytes = 1 << 20
+
 // TokenFile holds bearer tokens read from a file of lines "<role> <token>"
-// (role read or admin; '#' starts a comment). Tokens are kept only as
-// SHA-256 sums and compared in constant time; they are never logged.
+// (role read or admin; a line whose first non-blank character is '#' is a
+// comment, and a '#' anywhere else is part of the line). Tokens are kept
+// only as SHA-256 sums and compared in constant time; they are never
+// logged.
+//
+// The file must not be readable or writable by group or others. Which file
+// and what it says (its device and inode, and the SHA-256 of its content)
+// decide whether it changed: a file renamed over the old one with the same
+// size and mtime (cp -p, rsync -t, tar) is still a change.
 type TokenFile struct {
 	path string
 
 	mu      sync.RWMutex
 	entries []tokenEntry
-	modTime time.Time
-	size    int64
+	loaded  fileID // what entries were read from; zero after a revocation
+	// problem is the last trouble logged, so that Watch says each once.
+	problem string
 }
 
-// LoadTokenFile reads path. A malformed line is an error naming its line
-// number, never its content.
+// fileID is what makes a token file's content the same as before.
+type fileID struct {
+	dev, ino uint64
+	sum      [sha256.Size]byte
+}
+
+// errUnreadable marks a file that cannot be read at all (gone, not a regular
+// file, an I/O error): every token from it is revoked. Other errors (too
+// open, malformed) leave the tokens in force.
+var errUnreadable = errors.New("unreadable")
+
+// LoadTokenFile reads path. A missing or unreadable file, one readable by
+// group or others, and a malformed one are errors; a malformed line is named
+// by its number, never its content.
 func LoadTokenFile(path string) (*TokenFile, error) {
 	f := &TokenFile{path: path}
-	if err := f.reload(); err != nil {
+	id, entries, err := readTokenFile(path)
+	if err != nil {
 		return nil, err
 	}
+	f.entries, f.loaded = entries, id
 	return f, nil
 }
 
-func (f *TokenFile) reload() error {
-	fi, err := os.Stat(f.path)
+// readTokenFile opens path (following a symlink, as a Kubernetes Secret
+// volume's files are), and checks and parses what the open file holds.
+func readTokenFile(path string) (fileID, []tokenEntry, error) {
+	file, err := os.Open(path)
 	if err != nil {
-		return fmt.Errorf("token file: %w", err)
+		return fileID{}, nil, fmt.Errorf("token file: %w: %w", errUnreadable, err)
 	}
-	data, err := os.ReadFile(f.path)
+	defer file.Close()
+	fi, err := file.Stat()
 	if err != nil {
-		return fmt.Errorf("token file: %w", err)
+		return fileID{}, nil, fmt.Errorf("token file %s: %w: %w", path, errUnreadable, err)
+	}
+	if !fi.Mode().IsRegular() {
+		return fileID{}, nil, fmt.Errorf("token file %s: %w: not a regular file", path, errUnreadable)
+	}
+	if perm := fi.Mode().Perm(); perm&0o077 != 0 {
+		return fileID{}, nil, fmt.Errorf("token file %s has mode %04o: it must not be readable by group or others (nor writable): chmod 0600", path, perm)
+	}
+	data, err := io.ReadAll(io.LimitReader(file, maxTokenFileBytes+1))
+	if err != nil {
+		return fileID{}, nil, fmt.Errorf("token file %s: %w: %w", path, errUnreadable, err)
+	}
+	if len(data) > maxTokenFileBytes {
+		return fileID{}, nil, fmt.Errorf("token file %s is larger than %d bytes", path, maxTokenFileBytes)
+	}
+	id := fileID{sum: sha256.Sum256(data)}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		id.dev, id.ino = st.Dev, st.Ino
 	}
 	entries, err := parseTokens(data)
 	if err != nil {
-		return fmt.Errorf("token file %s: %w", f.path, err)
+		return id, nil, fmt.Errorf("token file %s: %w", path, err)
 	}
-	f.mu.Lock()
-	f.entries, f.modTime, f.size = entries, fi.ModTime(), fi.Size()
-	f.mu.Unlock()
-	return nil
+	return id, entries, nil
 }
 
 func parseTokens(data []byte) ([]tokenEntry, error) {
 	var entries []tokenEntry
 	s := bufio.NewScanner(bytes.NewReader(data))
 	for n := 1; s.Scan(); n++ {
-		line := s.Text()
-		if i := strings.IndexByte(line, '#'); i >= 0 {
-			line = line[:i]
-		}
-		fields := strings.Fields(line)
-		if len(fields) == 0 {
+		fields := strings.Fields(s.Text())
+		if len(fields) == 0 || strings.HasPrefix(fields[0], "#") {
 			continue
 		}
 		if len(fields) != 2 {
-			return nil, fmt.Errorf("line %d: want \"<role> <token>\"", n)
+			return nil, fmt.Errorf("line %d: want \"<role> <token>\" (a comment goes on a line of its own)", n)
 		}
 		var role Role
 		switch fields[0] {
@@ -111,9 +152,11 @@ func parseTokens(data []byte) ([]tokenEntry, error) {
 	return entries, s.Err()
 }
 
-// Watch reloads the file whenever its size or modification time changes,
-// until ctx ends. A file that no longer parses is logged and the previous
-// tokens stay in force.
+// Watch looks at the file every interval until ctx ends and reloads it when
+// its inode or content changed. A file that is gone or unreadable revokes
+// every token (fail closed) until it returns; one readable by group or
+// others, or malformed, leaves the tokens in force. Each of these is logged
+// once, until the file is loaded again.
 func (f *TokenFile) Watch(ctx context.Context, every time.Duration, log *slog.Logger) {
 	t := time.NewTicker(every)
 	defer t.Stop()
@@ -123,26 +166,44 @@ func (f *TokenFile) Watch(ctx context.Context, every time.Duration, log *slog.Lo
 			return
 		case <-t.C:
 		}
-		fi, err := os.Stat(f.path)
-		if err != nil {
-			log.Warn("token file unreadable, keeping the tokens in force", "path", f.path, "error", err)
-			continue
-		}
-		f.mu.RLock()
-		changed := !fi.ModTime().Equal(f.modTime) || fi.Size() != f.size
-		f.mu.RUnlock()
-		if !changed {
-			continue
-		}
-		if err := f.reload(); err != nil {
-			log.Warn("token file not reloaded, keeping the tokens in force", "error", err)
-			continue
-		}
-		log.Info("token file reloaded", "path", f.path, "tokens", f.count())
+		f.check(log)
 	}
 }
 
-func (f *TokenFile) count() int {
+// check is one look of Watch.
+func (f *TokenFile) check(log *slog.Logger) {
+	id, entries, err := readTokenFile(f.path)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	switch {
+	case errors.Is(err, errUnreadable):
+		revoked := len(f.entries)
+		f.entries, f.loaded = nil, fileID{}
+		if f.problem != "unreadable" {
+			f.problem = "unreadable"
+			log.Warn("token file unreadable: every token from it is revoked until it returns", "path", f.path, "revoked", revoked, "error", err)
+		}
+	case err != nil:
+		if problem := fmt.Sprintf("%x:%v", id.sum, err); f.problem != problem {
+			f.problem = problem
+			log.Warn("token file refused, keeping the tokens in force", "error", err, "tokens", len(f.entries))
+		}
+	case id == f.loaded:
+		f.problem = ""
+	default:
+		f.entries, f.loaded, f.problem = entries, id, ""
+		log.Info("token file reloaded", "path", f.path, "tokens", len(entries))
+		if len(entries) == 0 {
+			log.Warn("no admin token is configured in the token file", "path", f.path)
+		}
+	}
+}
+
+// Count is the number of tokens in force.
+func (f *TokenFile) Count() int {
+	if f == nil {
+		return 0
+	}
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	return len(f.entries)

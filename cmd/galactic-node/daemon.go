@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"path/filepath"
 	"sync"
 	"time"
 
@@ -23,6 +22,7 @@ import (
 
 	"github.com/datum-cloud/galactic-node/admin"
 	"github.com/datum-cloud/galactic-node/ebpf/datapath"
+	"github.com/datum-cloud/galactic-node/internal/connlimit"
 	"github.com/datum-cloud/galactic-node/node/agent"
 	"github.com/datum-cloud/galactic-node/node/attachreg"
 	"github.com/datum-cloud/galactic-node/node/holder"
@@ -61,13 +61,13 @@ func parseDaemonFlags(args []string, stderr io.Writer) (*daemonFlags, error) {
 	fs.IntVar(&f.maxReclaims, "max-reclaims-per-pass", 0, "cap on removals per pass, the rest roll over (0: no cap)")
 	fs.StringVar(&f.bpffs, "bpffs", "/sys/fs/bpf", "bpf filesystem; maps are pinned under <bpffs>/galactic")
 	fs.StringVar(&f.vrfLockDir, "vrf-lock-dir", vrf.DefaultDir, "folder of the per-VRF lock files shared with the CNI plugin")
-	fs.StringVar(&f.adminSocket, "admin-socket", "/run/galactic/admin.sock", "admin API unix socket, mode 0600 (empty disables)")
+	fs.StringVar(&f.adminSocket, "admin-socket", "/run/galactic/admin.sock", "admin API unix socket, mode 0600, in a folder only its owner may write (empty disables)")
 	fs.StringVar(&f.adminListen, "admin-listen", "", "admin API TCP address; TLS required unless loopback")
 	fs.StringVar(&f.adminTLSCert, "admin-tls-cert", "", "TLS certificate for --admin-listen")
 	fs.StringVar(&f.adminTLSKey, "admin-tls-key", "", "TLS key for --admin-listen")
-	fs.StringVar(&f.adminToken, "admin-token-file", "", "admin tokens, one \"<read|admin> <token>\" a line; reloaded on change")
+	fs.StringVar(&f.adminToken, "admin-token-file", "", "admin tokens, one \"<read|admin> <token>\" a line, mode 0600 or 0400; reloaded on change, revoked while missing")
 	fs.BoolVar(&f.adminKubeAuth, "admin-kube-auth", false, "also accept Kubernetes tokens: TokenReview, then SubjectAccessReview on nodes.galactic.datum.net")
-	fs.IntVar(&f.adminForcesPerMinute, "admin-forces-per-minute", 6, "forced passes allowed a minute before 429")
+	fs.IntVar(&f.adminForcesPerMinute, "admin-forces-per-minute", 6, "forced passes allowed a minute before 429; 0 disables forced passes")
 	fs.StringVar(&f.metricsListen, "metrics-listen", ":9180", "Prometheus metrics address (empty disables)")
 	fs.StringVar(&f.logFormat, "log-format", "json", "json or text")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
@@ -104,6 +104,9 @@ func parseDaemonFlags(args []string, stderr io.Writer) (*daemonFlags, error) {
 	}
 	if f.maxReclaims < 0 {
 		return nil, errors.New("--max-reclaims-per-pass must not be negative")
+	}
+	if f.adminForcesPerMinute < 0 {
+		return nil, errors.New("--admin-forces-per-minute must not be negative (0 disables forced passes)")
 	}
 	if (f.adminSocket != "" || f.adminListen != "") && f.adminToken == "" && !f.adminKubeAuth {
 		return nil, errors.New("the admin API needs --admin-token-file or --admin-kube-auth (or disable it with --admin-socket= and no --admin-listen)")
@@ -225,27 +228,55 @@ func runDaemon(ctx context.Context, args []string, stderr io.Writer) error {
 			_ = s.Shutdown(shutdownCtx)
 		}
 	}()
-	serve := func(s *http.Server, l net.Listener, what string) {
+	// serve bounds l's connections, counts them on the metrics, and
+	// serves s on it.
+	serve := func(s *http.Server, l *connlimit.Listener, what string) {
+		labels := prometheus.Labels{"listener": what}
+		reg.MustRegister(
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "galactic_listener_connections", ConstLabels: labels,
+				Help: "Connections open on a listener of the daemon."}, func() float64 { return float64(l.Open()) }),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "galactic_listener_connections_refused_total", ConstLabels: labels,
+				Help: "Connections closed unread because the listener was at its connection bound, in total or for the peer's address."},
+				func() float64 { return float64(l.Refused()) }))
 		servers = append(servers, s)
+		var ln net.Listener = l
+		if s.TLSConfig != nil {
+			// TLS inside the bound: a handshake costs a slot, never more.
+			ln = tls.NewListener(l, s.TLSConfig)
+		}
 		go func() {
-			if err := s.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			if err := s.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				log.Error("server stopped", "server", what, "error", err)
 			}
 		}()
 	}
 
 	if f.adminSocket != "" || f.adminListen != "" {
+		if f.adminForcesPerMinute == 0 {
+			log.Info("forced passes are disabled (--admin-forces-per-minute 0)")
+		}
 		acfg := admin.Config{ForcesPerMinute: f.adminForcesPerMinute, Log: log}
 		if f.adminToken != "" {
 			tokens, err := admin.LoadTokenFile(f.adminToken)
 			if err != nil {
 				return err
 			}
+			if tokens.Count() == 0 {
+				if f.adminKubeAuth {
+					log.Warn("no admin token is configured in the token file: only Kubernetes tokens are accepted", "path", f.adminToken)
+				} else {
+					log.Warn("no admin token is configured: every /v1 request is refused until the token file holds one", "path", f.adminToken)
+				}
+			}
 			go tokens.Watch(ctx, time.Second, log)
 			acfg.Tokens = tokens
 		}
 		if f.adminKubeAuth {
-			cs, err := kubernetes.NewForConfig(cfg)
+			// A review the API server never answers must not hold a
+			// request (and its connection) forever.
+			kcfg := rest.CopyConfig(cfg)
+			kcfg.Timeout = 2 * admin.ReviewTimeout
+			cs, err := kubernetes.NewForConfig(kcfg)
 			if err != nil {
 				return fmt.Errorf("delegated auth client: %w", err)
 			}
@@ -253,12 +284,11 @@ func runDaemon(ctx context.Context, args []string, stderr io.Writer) error {
 		}
 		h := admin.NewHandler(ag, acfg)
 		if f.adminSocket != "" {
-			l, err := listenUnix(f.adminSocket)
+			l, err := admin.ListenUnix(f.adminSocket)
 			if err != nil {
 				return err
 			}
-			defer os.Remove(f.adminSocket)
-			serve(admin.NewServer(h, log), l, "admin-socket")
+			serve(admin.NewServer(h, log), admin.LimitAdmin(l, "admin-socket", log), "admin-socket")
 			log.Info("admin API listening", "socket", f.adminSocket)
 		}
 		if f.adminListen != "" {
@@ -270,11 +300,12 @@ func runDaemon(ctx context.Context, args []string, stderr io.Writer) error {
 			if f.adminTLSCert != "" {
 				cert, err := tls.LoadX509KeyPair(f.adminTLSCert, f.adminTLSKey)
 				if err != nil {
+					l.Close()
 					return fmt.Errorf("admin TLS: %w", err)
 				}
-				l = tls.NewListener(l, &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})
+				s.TLSConfig = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
 			}
-			serve(s, l, "admin-tcp")
+			serve(s, admin.LimitAdmin(l, "admin-tcp", log), "admin-tcp")
 			log.Info("admin API listening", "address", l.Addr().String(), "tls", f.adminTLSCert != "")
 		}
 	}
@@ -283,19 +314,11 @@ func runDaemon(ctx context.Context, args []string, stderr io.Writer) error {
 		if err != nil {
 			return fmt.Errorf("metrics listen %s: %w", f.metricsListen, err)
 		}
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-		// Health beside the metrics, for kubelet probes: the admin API may
-		// be on a unix socket only.
-		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
-		mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
-			if err := ag.Ready(r.Context()); err != nil {
-				http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
-				return
-			}
-			fmt.Fprintln(w, "ready")
-		})
-		serve(&http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: 30 * time.Second}, l, "metrics")
+		// Each scrape walks every eBPF map: anyone who reaches the port
+		// may not run many at once.
+		metricsHandler := promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg,
+			MaxRequestsInFlight: admin.MetricsMaxScrapes, Timeout: 20 * time.Second})
+		serve(admin.NewMetricsServer(admin.MetricsHandler(metricsHandler, ag.Ready), log), admin.LimitMetrics(l, "metrics", log), "metrics")
 		log.Info("metrics listening", "address", l.Addr().String())
 	}
 
@@ -306,31 +329,4 @@ func runDaemon(ctx context.Context, args []string, stderr io.Writer) error {
 	wg.Wait()
 	log.Info("stopped")
 	return nil
-}
-
-// listenUnix listens on a unix socket with mode 0600. A socket file left by
-// a crashed daemon is replaced; one a live daemon answers on is an error.
-func listenUnix(path string) (net.Listener, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
-		return nil, fmt.Errorf("admin socket folder: %w", err)
-	}
-	if _, err := os.Lstat(path); err == nil {
-		c, err := net.DialTimeout("unix", path, time.Second)
-		if err == nil {
-			c.Close()
-			return nil, fmt.Errorf("admin socket %s is in use by a running daemon", path)
-		}
-		if err := os.Remove(path); err != nil {
-			return nil, fmt.Errorf("remove stale admin socket %s: %w", path, err)
-		}
-	}
-	l, err := net.Listen("unix", path)
-	if err != nil {
-		return nil, fmt.Errorf("admin socket %s: %w", path, err)
-	}
-	if err := os.Chmod(path, 0o600); err != nil {
-		l.Close()
-		return nil, fmt.Errorf("admin socket %s: %w", path, err)
-	}
-	return l, nil
 }

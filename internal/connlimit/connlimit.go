@@ -6,6 +6,11 @@
 // while one address floods.
 //
 // A unix socket's peers have no address: only Total bounds them.
+//
+// Connections from the host itself (a loopback peer, or a peer whose
+// address is the one it reached, as the kubelet's probes of a host-network
+// pod are) can be given slots of their own (Self): remote peers that fill
+// Total then cannot starve the node's own probes.
 package connlimit
 
 import (
@@ -20,6 +25,9 @@ import (
 type Limits struct {
 	Total     int // open connections at once; 0 means no bound
 	PerSource int // open connections from one IP address; 0 means no bound; not applied to peers without one
+	// Self, when above 0, is the bound of connections from the host
+	// itself, which then share one source and do not count in Total.
+	Self int
 }
 
 // Listener is a net.Listener that refuses connections over its Limits.
@@ -54,7 +62,7 @@ func (l *Listener) Accept() (net.Conn, error) {
 		if err != nil {
 			return nil, err
 		}
-		src := source(c.RemoteAddr())
+		src := l.source(c)
 		if l.take(src) {
 			return &conn{Conn: c, release: func() { l.release(src) }}, nil
 		}
@@ -73,10 +81,23 @@ func (l *Listener) Open() int {
 // Refused is the number of connections closed for being over the limits.
 func (l *Listener) Refused() uint64 { return l.refused.Load() }
 
+// self is the source of connections from the host itself, when
+// Limits.Self sets them apart.
+const self = "self"
+
 func (l *Listener) take(src string) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	over := (l.limits.Total > 0 && l.open >= l.limits.Total) || (src != "" && l.limits.PerSource > 0 && l.bySource[src] >= l.limits.PerSource)
+	var over bool
+	switch src {
+	case self:
+		over = l.bySource[self] >= l.limits.Self
+	case "":
+		over = l.limits.Total > 0 && l.open-l.bySource[self] >= l.limits.Total
+	default:
+		over = (l.limits.Total > 0 && l.open-l.bySource[self] >= l.limits.Total) ||
+			(l.limits.PerSource > 0 && l.bySource[src] >= l.limits.PerSource)
+	}
 	if over {
 		if now := time.Now(); now.Sub(l.lastWarn) >= time.Minute {
 			l.lastWarn = now
@@ -99,12 +120,20 @@ func (l *Listener) release(src string) {
 	}
 }
 
-// source is the IP address of a TCP peer, or "" for peers without one.
-func source(a net.Addr) string {
-	if t, ok := a.(*net.TCPAddr); ok {
-		return t.IP.String()
+// source is what c's peer is bounded as: self for the host itself when
+// Limits.Self is set, its IP address for another TCP peer, or "" for a peer
+// without one.
+func (l *Listener) source(c net.Conn) string {
+	remote, ok := c.RemoteAddr().(*net.TCPAddr)
+	if !ok {
+		return ""
 	}
-	return ""
+	if l.limits.Self > 0 {
+		if local, ok := c.LocalAddr().(*net.TCPAddr); remote.IP.IsLoopback() || ok && local.IP.Equal(remote.IP) {
+			return self
+		}
+	}
+	return remote.IP.String()
 }
 
 // conn gives its slot back once, on the first Close.

@@ -115,3 +115,21 @@ func TestAUnixSocketIsBoundOnlyInTotal(t *testing.T) {
 		}
 	}
 }
+
+// TestTheHostHasSlotsOfItsOwn: with Self set, loopback peers are the host
+// itself: bound by Self, apart from Total and PerSource.
+func TestTheHostHasSlotsOfItsOwn(t *testing.T) {
+	inner, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := connlimit.New(inner, connlimit.Limits{Total: 10, PerSource: 10, Self: 2}, "test", nil)
+	defer l.Close()
+	go serve(l)
+	addr := inner.Addr().String()
+	_, ok1 := admitted(t, "127.0.0.2", addr)
+	_, ok2 := admitted(t, "127.0.0.3", addr)
+	if _, ok := admitted(t, "127.0.0.4", addr); !ok1 || !ok2 || ok {
+		t.Fatalf("host peers admitted %v %v, third %v; want two, then refused", ok1, ok2, ok)
+	}
+}
