@@ -15,7 +15,6 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 	"time"
 
@@ -29,6 +28,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/datum-cloud/galactic-node/hubctl"
+	"github.com/datum-cloud/galactic-node/internal/envflag"
 )
 
 var version = "dev"
@@ -78,7 +78,7 @@ func runEnv(ctx context.Context, args []string, lookupEnv func(string) (string, 
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if err := envFlags(fs, lookupEnv); err != nil {
+	if err := envflag.Set(fs, lookupEnv); err != nil {
 		return err
 	}
 	if *qps <= 0 || *burst <= 0 {
@@ -204,25 +204,4 @@ func runEnv(ctx context.Context, args []string, lookupEnv func(string) (string, 
 	}
 	log.Info("stopped")
 	return nil
-}
-
-// envFlags sets every flag not given on the command line from
-// GALACTIC_<FLAG> (upper case, dashes as underscores), if set, as
-// galactic-node does: the command line wins over the environment.
-func envFlags(fs *flag.FlagSet, lookupEnv func(string) (string, bool)) error {
-	given := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
-	var errs []error
-	fs.VisitAll(func(f *flag.Flag) {
-		if given[f.Name] {
-			return
-		}
-		env := "GALACTIC_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
-		if v, ok := lookupEnv(env); ok {
-			if err := fs.Set(f.Name, v); err != nil {
-				errs = append(errs, fmt.Errorf("%s: %w", env, err))
-			}
-		}
-	})
-	return errors.Join(errs...)
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/datum-cloud/galactic-node/admin"
 	"github.com/datum-cloud/galactic-node/ebpf/datapath"
 	"github.com/datum-cloud/galactic-node/internal/connlimit"
+	"github.com/datum-cloud/galactic-node/internal/envflag"
 	"github.com/datum-cloud/galactic-node/node/agent"
 	"github.com/datum-cloud/galactic-node/node/attachreg"
 	"github.com/datum-cloud/galactic-node/node/holder"
@@ -77,7 +78,7 @@ func parseDaemonFlags(args []string, stderr io.Writer) (*daemonFlags, error) {
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
-	if err := envFlags(fs); err != nil {
+	if err := envflag.Set(fs, os.LookupEnv); err != nil {
 		return nil, err
 	}
 	if f.nodeName == "" {

@@ -12,7 +12,6 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 )
 
@@ -62,26 +61,6 @@ commands:
   run       run the node daemon (galactic-node run -h for its flags)
   tap       add or delete a tenant tap as CNI ADD/DEL would, for labs and the demo
   version   print the version`
-
-// envFlags sets every flag not given on the command line from
-// GALACTIC_<FLAG> (upper case, dashes as underscores), if set.
-func envFlags(fs *flag.FlagSet) error {
-	given := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
-	var errs []error
-	fs.VisitAll(func(f *flag.Flag) {
-		if given[f.Name] {
-			return
-		}
-		env := "GALACTIC_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
-		if v, ok := os.LookupEnv(env); ok {
-			if err := fs.Set(f.Name, v); err != nil {
-				errs = append(errs, fmt.Errorf("%s: %w", env, err))
-			}
-		}
-	})
-	return errors.Join(errs...)
-}
 
 func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 	var lvl slog.Level
