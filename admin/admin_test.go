@@ -1,7 +1,6 @@
 package admin_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -13,7 +12,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -23,6 +21,7 @@ import (
 	"github.com/datum-cloud/galactic-node/admin"
 	"github.com/datum-cloud/galactic-node/ebpf/datapath"
 	"github.com/datum-cloud/galactic-node/internal/clustertest"
+	"github.com/datum-cloud/galactic-node/internal/syncbuf"
 	"github.com/datum-cloud/galactic-node/node/agent"
 	"github.com/datum-cloud/galactic-node/node/attachreg"
 	"github.com/datum-cloud/galactic-node/node/identity"
@@ -107,21 +106,9 @@ func (f *fakeBackend) InterfaceRows(ifindex uint32) (attachreg.InterfaceRows, er
 type server struct {
 	url     string
 	backend *fakeBackend
-	logs    *syncBuffer
+	logs    *syncbuf.Buffer
 	srv     *http.Server
 }
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
 
 func tokenFile(t testing.TB, content string) string {
 	t.Helper()
@@ -135,7 +122,7 @@ func tokenFile(t testing.TB, content string) string {
 // start serves the admin API over real TCP on loopback.
 func start(t *testing.T, cfg admin.Config) *server {
 	t.Helper()
-	s := &server{backend: &fakeBackend{}, logs: &syncBuffer{}}
+	s := &server{backend: &fakeBackend{}, logs: &syncbuf.Buffer{}}
 	if cfg.Tokens == nil && cfg.Kube == nil {
 		tokens, err := admin.LoadTokenFile(tokenFile(t, "# operators\nadmin "+adminToken+"\n  # on-call\nread "+readToken+"\n"))
 		if err != nil {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/datum-cloud/galactic-node/admin"
+	"github.com/datum-cloud/galactic-node/internal/syncbuf"
 	"github.com/datum-cloud/galactic-node/node/agent"
 	"github.com/datum-cloud/galactic-node/node/holder"
 	"github.com/datum-cloud/galactic-node/node/identity"
@@ -158,7 +159,7 @@ func TestTokenFileChangesAreSeenByInodeAndContent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go tokens.Watch(ctx, 10*time.Millisecond, slogTo(logs))
@@ -200,4 +201,4 @@ func TestTokenFileChangesAreSeenByInodeAndContent(t *testing.T) {
 	waitFor("the tokens back with the file", func() bool { return tokens.Lookup(same) == admin.RoleAdmin })
 }
 
-func slogTo(w *syncBuffer) *slog.Logger { return slog.New(slog.NewTextHandler(w, nil)) }
+func slogTo(w *syncbuf.Buffer) *slog.Logger { return slog.New(slog.NewTextHandler(w, nil)) }

@@ -44,6 +44,7 @@ import (
 	"github.com/datum-cloud/galactic-node/admin"
 	"github.com/datum-cloud/galactic-node/internal/clustertest"
 	"github.com/datum-cloud/galactic-node/internal/nettest"
+	"github.com/datum-cloud/galactic-node/internal/syncbuf"
 	"github.com/datum-cloud/galactic-node/node/inventory"
 	"github.com/datum-cloud/galactic-node/node/netns"
 	"github.com/datum-cloud/galactic-node/node/tun"
@@ -58,28 +59,10 @@ const (
 	floodRSSBound = 64 << 20
 )
 
-// lockedLog is a daemon's log that a test may read while the daemon writes.
-type lockedLog struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // daemon is a running galactic-node whose log can be read while it runs.
 type daemon struct {
 	cmd  *exec.Cmd
-	log  *lockedLog
+	log  *syncbuf.Buffer
 	done chan struct{}
 	err  error // set when done is closed
 }
@@ -92,7 +75,7 @@ func (n *node) run(t *testing.T, extra ...string) *daemon {
 	args := append([]string{"netns", "exec", n.ns.Name, binary, "run", "--node-name", "node-a", "--interval", "0",
 		"--admin-socket", n.socket, "--admin-token-file", n.tokens, "--metrics-listen", metricsAddr, "--log-format", "text",
 		"--min-candidate-age", "0"}, n.common()...)
-	d := &daemon{cmd: exec.Command("ip", append(args, extra...)...), log: &lockedLog{}, done: make(chan struct{})}
+	d := &daemon{cmd: exec.Command("ip", append(args, extra...)...), log: &syncbuf.Buffer{}, done: make(chan struct{})}
 	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
 	if err := d.cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,6 +17,7 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	"github.com/datum-cloud/galactic-node/internal/clustertest"
+	"github.com/datum-cloud/galactic-node/internal/syncbuf"
 )
 
 func TestMain(m *testing.M) { os.Exit(clustertest.Main(m)) }
@@ -48,18 +48,6 @@ func TestBadFlagsAndEnvironmentAreRefused(t *testing.T) {
 	}
 }
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
-
 // The command against a real API server takes its client rate and its
 // lease timing from GALACTIC_* and the flags, the command line winning:
 // the Lease it holds records the lease duration it was given.
@@ -76,7 +64,7 @@ func TestTheClientRateAndLeaseTimingReachTheAPIServer(t *testing.T) {
 	kubeconfig := writeKubeconfig(t, cluster)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var stderr syncBuffer
+	var stderr syncbuf.Buffer
 	done := make(chan error, 1)
 	go func() {
 		done <- runEnv(ctx, []string{"--kubeconfig=" + kubeconfig, "--listen=", "--id=one", "--kube-api-burst=40",
