@@ -82,12 +82,15 @@ func TestStatusSaysWhyProbesDoNot(t *testing.T) {
 	if resp.StatusCode != http.StatusOK || body["ready"] != false || body["reason"] != why.Error() {
 		t.Errorf("/v1/status: %d %v", resp.StatusCode, body)
 	}
-	h := admin.MetricsHandler(http.NotFoundHandler(), func(context.Context) error { return why })
-	rec := &recorder{header: http.Header{}}
-	req, _ := http.NewRequest("GET", "/readyz", nil)
-	h.ServeHTTP(rec, req)
-	if rec.status != http.StatusServiceUnavailable || rec.body.String() != "not ready\n" {
-		t.Errorf("metrics /readyz: %d %q", rec.status, rec.body.String())
+	stuck := errors.New("pass loop stuck: a pass has been in flight for 11m0s")
+	h := admin.MetricsHandler(http.NotFoundHandler(), func(context.Context) error { return stuck }, func(context.Context) error { return why })
+	for path, want := range map[string]string{"/readyz": "not ready\n", "/healthz": "stuck\n"} {
+		rec := &recorder{header: http.Header{}}
+		req, _ := http.NewRequest("GET", path, nil)
+		h.ServeHTTP(rec, req)
+		if rec.status != http.StatusServiceUnavailable || rec.body.String() != want {
+			t.Errorf("metrics %s: %d %q, want 503 %q", path, rec.status, rec.body.String(), want)
+		}
 	}
 }
 

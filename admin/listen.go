@@ -87,13 +87,20 @@ func LimitMetrics(l net.Listener, name string, log *slog.Logger) *connlimit.List
 }
 
 // MetricsHandler serves metrics on /metrics and the kubelet probes beside
-// them (the admin API may be on a unix socket only). The probes answer
-// anyone, so they say only "ok", "ready" or "not ready".
-func MetricsHandler(metrics http.Handler, ready func(context.Context) error) http.Handler {
+// them (the admin API may be on a unix socket only): /healthz fails when
+// live does (the liveness probe restarts the daemon), /readyz when ready
+// does. The probes answer anyone, so they say only "ok", "stuck", "ready"
+// or "not ready"; the reasons are in the log and /v1/status.
+func MetricsHandler(metrics http.Handler, live, ready func(context.Context) error) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", metrics)
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		if live(r.Context()) != nil {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			fmt.Fprintln(w, "stuck")
+			return
+		}
 		fmt.Fprintln(w, "ok")
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {

@@ -45,6 +45,7 @@ type daemonFlags struct {
 	adminKubeAuth                         bool
 	adminForcesPerMinute                  int
 	metricsListen, logFormat, logLevel    string
+	shutdownTimeout, passStuckAfter       time.Duration
 }
 
 func parseDaemonFlags(args []string, stderr io.Writer) (*daemonFlags, error) {
@@ -70,6 +71,8 @@ func parseDaemonFlags(args []string, stderr io.Writer) (*daemonFlags, error) {
 	fs.BoolVar(&f.adminKubeAuth, "admin-kube-auth", false, "also accept Kubernetes tokens: TokenReview, then SubjectAccessReview on nodes.galactic.datum.net")
 	fs.IntVar(&f.adminForcesPerMinute, "admin-forces-per-minute", 6, "forced passes allowed a minute before 429; 0 disables forced passes")
 	fs.StringVar(&f.metricsListen, "metrics-listen", ":9180", "Prometheus metrics address (empty disables)")
+	fs.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 30*time.Second, "on SIGTERM, how long the pass in flight may finish and the servers drain; below the pod's terminationGracePeriodSeconds")
+	fs.DurationVar(&f.passStuckAfter, "pass-stuck-after", 10*time.Minute, "/healthz fails (and the liveness probe restarts the daemon) when a pass has run this long, or none started for --interval plus this")
 	fs.StringVar(&f.logFormat, "log-format", "json", "json or text")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
@@ -102,6 +105,12 @@ func parseDaemonFlags(args []string, stderr io.Writer) (*daemonFlags, error) {
 	}
 	if f.minCandidateAge < 0 {
 		return nil, errors.New("--min-candidate-age must not be negative")
+	}
+	if f.shutdownTimeout <= 0 {
+		return nil, errors.New("--shutdown-timeout must be positive")
+	}
+	if f.passStuckAfter <= 0 {
+		return nil, errors.New("--pass-stuck-after must be positive")
 	}
 	if f.maxReclaims < 0 {
 		return nil, errors.New("--max-reclaims-per-pass must not be negative")
@@ -221,9 +230,14 @@ func runDaemon(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 
 	var servers []*http.Server
+	// stopBy bounds the whole shutdown: the pass in flight, then the
+	// servers (a forced pass answering its caller) share one deadline.
+	var stopBy time.Time
 	defer func() {
-		// Long enough for a forced pass in flight to finish and answer.
-		shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+		if stopBy.IsZero() {
+			stopBy = time.Now().Add(f.shutdownTimeout)
+		}
+		shutdownCtx, cancel := context.WithDeadline(context.WithoutCancel(ctx), stopBy)
 		defer cancel()
 		for _, s := range servers {
 			_ = s.Shutdown(shutdownCtx)
@@ -319,15 +333,30 @@ func runDaemon(ctx context.Context, args []string, stderr io.Writer) error {
 		// may not run many at once.
 		metricsHandler := promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg,
 			MaxRequestsInFlight: admin.MetricsMaxScrapes, Timeout: 20 * time.Second})
-		serve(admin.NewMetricsServer(admin.MetricsHandler(metricsHandler, ag.Ready), log), admin.LimitMetrics(l, "metrics", log), "metrics")
+		serve(admin.NewMetricsServer(admin.MetricsHandler(metricsHandler, func(context.Context) error {
+			err := reclaimer.Stuck(time.Now(), f.passStuckAfter)
+			if err != nil {
+				log.Error("liveness fails", "error", err)
+			}
+			return err
+		}, ag.Ready), log), admin.LimitMetrics(l, "metrics", log), "metrics")
 		log.Info("metrics listening", "address", l.Addr().String())
 	}
 
 	var wg sync.WaitGroup
 	wg.Go(func() { reclaimer.Run(ctx, f.interval) })
 	<-ctx.Done()
-	log.Info("stopping: finishing the pass in flight")
-	wg.Wait()
-	log.Info("stopped")
+	stopBy = time.Now().Add(f.shutdownTimeout)
+	log.Info("stopping: finishing the pass in flight", "timeout", f.shutdownTimeout.String())
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		log.Info("stopped")
+	case <-time.After(time.Until(stopBy)):
+		// Exiting mid-removal is safe: a link deleted before its rows
+		// leaves orphan rows, which the next start's passes clear.
+		log.Warn("stopping with a pass still in flight: the shutdown timeout ran out", "timeout", f.shutdownTimeout.String())
+	}
 	return nil
 }

@@ -18,6 +18,7 @@ package reclaim
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -88,7 +89,15 @@ type Reclaimer struct {
 	candidates map[uint32]candidate
 	orphans    map[uint32]orphan
 	history    []Report
+	// The pass loop's heartbeat, for Stuck: Run's interval and when it
+	// last went round, and when the pass in flight started (zero: none).
+	loopInterval time.Duration
+	loopTurned   time.Time
+	passStarted  time.Time
 }
+
+// ErrStuck is returned by Stuck when the pass loop no longer goes round.
+var ErrStuck = errors.New("pass loop stuck")
 
 // candidate is a tap a pass found stale, to be confirmed by a later one.
 type candidate struct {
@@ -128,6 +137,9 @@ func (r *Reclaimer) Run(ctx context.Context, interval time.Duration) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
+		r.mu.Lock()
+		r.loopInterval, r.loopTurned = interval, time.Now()
+		r.mu.Unlock()
 		r.Pass(context.WithoutCancel(ctx), PassOptions{})
 		select {
 		case <-ctx.Done():
@@ -135,6 +147,23 @@ func (r *Reclaimer) Run(ctx context.Context, interval time.Duration) {
 		case <-t.C:
 		}
 	}
+}
+
+// Stuck returns an error wrapping ErrStuck when the pass loop no longer
+// goes round at now: a pass has been in flight for longer than after (a
+// netlink read or an API server call that never returns), or Run has not
+// started a pass for its interval plus after. A pass skipped because the
+// inventory is unhealthy still goes round: a restart would not help it.
+func (r *Reclaimer) Stuck(now time.Time, after time.Duration) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.passStarted.IsZero() && now.Sub(r.passStarted) > after {
+		return fmt.Errorf("%w: a pass has been in flight for %s", ErrStuck, now.Sub(r.passStarted).Round(time.Second))
+	}
+	if r.loopInterval > 0 && now.Sub(r.loopTurned) > r.loopInterval+after {
+		return fmt.Errorf("%w: no pass started for %s (interval %s)", ErrStuck, now.Sub(r.loopTurned).Round(time.Second), r.loopInterval)
+	}
+	return nil
 }
 
 // PassOptions modify one pass.
@@ -148,6 +177,14 @@ type PassOptions struct {
 func (r *Reclaimer) Pass(ctx context.Context, opts PassOptions) Report {
 	r.passMu.Lock()
 	defer r.passMu.Unlock()
+	r.mu.Lock()
+	r.passStarted = time.Now()
+	r.mu.Unlock()
+	defer func() {
+		r.mu.Lock()
+		r.passStarted = time.Time{}
+		r.mu.Unlock()
+	}()
 	opts.DryRun = opts.DryRun || r.cfg.DryRun
 	rep := r.pass(ctx, opts)
 	rep.Finished = time.Now()
