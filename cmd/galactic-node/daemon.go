@@ -213,6 +213,7 @@ func runDaemon(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	metrics.SetConfig(f.dryRun, f.interval)
 	if p, ok := inv.(inventory.Prover); ok {
 		if err := reclaim.RegisterInventoryAge(reg, p); err != nil {
 			return err
@@ -246,13 +247,7 @@ func runDaemon(ctx context.Context, args []string, stderr io.Writer) error {
 	// serve bounds l's connections, counts them on the metrics, and
 	// serves s on it.
 	serve := func(s *http.Server, l *connlimit.Listener, what string) {
-		labels := prometheus.Labels{"listener": what}
-		reg.MustRegister(
-			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "galactic_listener_connections", ConstLabels: labels,
-				Help: "Connections open on a listener of the daemon."}, func() float64 { return float64(l.Open()) }),
-			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "galactic_listener_connections_refused_total", ConstLabels: labels,
-				Help: "Connections closed unread because the listener was at its connection bound, in total or for the peer's address."},
-				func() float64 { return float64(l.Refused()) }))
+		reg.MustRegister(l.Collectors(what)...)
 		servers = append(servers, s)
 		var ln net.Listener = l
 		if s.TLSConfig != nil {

@@ -35,6 +35,8 @@ type Metrics struct {
 	lastPass     prometheus.Gauge
 	malformed    *prometheus.GaugeVec
 	orphanRows   *prometheus.CounterVec
+	dryRun       prometheus.Gauge
+	interval     prometheus.Gauge
 }
 
 // tcxLinkLabel is the map label of a cleared TCX link pin.
@@ -76,6 +78,15 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "galactic_cni_orphan_ebpf_rows_removed_total",
 			Help: "eBPF rows (and, as map=\"tcx_link\", TCX link pins) of interfaces deleted behind the node's back, and (map=\"decisions\") decision counters of identities no interface names, cleared by the orphan collection.",
 		}, []string{"map"}),
+		// The daemon's configuration, set by SetConfig.
+		dryRun: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "galactic_cni_stale_tap_dry_run",
+			Help: "1 when the daemon runs with --dry-run: every pass removes nothing, so stale taps stay pending on purpose.",
+		}),
+		interval: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "galactic_cni_stale_tap_pass_interval_seconds",
+			Help: "Seconds between periodic reclaim passes (--interval); 0 when passes run only when forced.",
+		}),
 	}
 	for _, s := range []string{StageLock, StageVerify, StageRows, StageLink} {
 		m.failures.WithLabelValues(s)
@@ -83,12 +94,25 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	for _, r := range []string{ResultCompleted, ResultSkipped, ResultFailed} {
 		m.passes.WithLabelValues(r)
 	}
-	for _, c := range []prometheus.Collector{m.pending, m.reclaimed, m.failures, m.passes, m.passDuration, m.lastPass, m.malformed, m.orphanRows} {
+	for _, c := range []prometheus.Collector{m.pending, m.reclaimed, m.failures, m.passes, m.passDuration, m.lastPass, m.malformed, m.orphanRows, m.dryRun, m.interval} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
 	}
 	return m, nil
+}
+
+// SetConfig exports the daemon's --dry-run and --interval (0: passes only
+// when forced), which the alerts need to tell a node that removes nothing on
+// purpose from one that fails to, and to scale "no pass for long" to the
+// interval.
+func (m *Metrics) SetConfig(dryRun bool, interval time.Duration) {
+	v := 0.0
+	if dryRun {
+		v = 1
+	}
+	m.dryRun.Set(v)
+	m.interval.Set(max(interval, 0).Seconds())
 }
 
 // setMalformed lists exactly the objects of the last snapshot that could not
