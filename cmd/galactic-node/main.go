@@ -35,6 +35,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = runDaemon(ctx, args[1:], stderr)
 	case "tap":
 		err = runTap(ctx, args[1:], stdout, stderr)
+	case "install-cni":
+		err = runInstallCNI(ctx, args[1:], stderr)
 	case "version":
 		fmt.Fprintln(stdout, version)
 		return 0
@@ -58,9 +60,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 const usage = `usage: galactic-node <command> [flags]
 
 commands:
-  run       run the node daemon (galactic-node run -h for its flags)
-  tap       add or delete a tenant tap as CNI ADD/DEL would, for labs and the demo
-  version   print the version`
+  run          run the node daemon (galactic-node run -h for its flags)
+  install-cni  install the CNI plugin and conflist into the host's CNI folders, atomically
+               (galactic-node install-cni -h for its flags)
+  tap          add or delete a tenant tap as CNI ADD/DEL would, for labs and the demo
+  version      print the version`
 
 func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 	var lvl slog.Level
