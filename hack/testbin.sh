@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the real kube-apiserver and etcd that the cluster tests run against,
-# from the Go module proxy, once per machine. Prints the folder that holds
+# and the kubectl that runs the docs' install steps against them, from the Go
+# module proxy, once per machine. Prints the folder that holds
 # them (for KUBEBUILDER_ASSETS). Cached outside the work tree; a cold build
 # takes about 12 minutes here.
 set -euo pipefail
@@ -13,7 +14,7 @@ OUT="$CACHE/k8s-$K8S_VERSION-etcd-$ETCD_VERSION"
 export PATH="$PATH:/usr/local/go/bin"
 export GOFLAGS=-mod=mod
 
-if [ -x "$OUT/kube-apiserver" ] && [ -x "$OUT/etcd" ]; then
+if [ -x "$OUT/kube-apiserver" ] && [ -x "$OUT/etcd" ] && [ -x "$OUT/kubectl" ]; then
 	echo "$OUT"
 	exit 0
 fi
@@ -76,6 +77,32 @@ GO
 		go build -ldflags "$ldflags" -o "$OUT/kube-apiserver.tmp" . && mv "$OUT/kube-apiserver.tmp" "$OUT/kube-apiserver")
 }
 
+# kubectl is its own staging module: no k8s.io/kubernetes needed.
+build_kubectl() {
+	local dir="$work/kubectl"
+	mkdir -p "$dir"
+	cat >"$dir/main.go" <<'GO'
+package main
+
+import (
+	"k8s.io/component-base/cli"
+	"k8s.io/kubectl/pkg/cmd"
+	"k8s.io/kubectl/pkg/cmd/util"
+)
+
+func main() {
+	if err := cli.RunNoErrOutput(cmd.NewDefaultKubectlCommand()); err != nil {
+		util.CheckErr(err)
+	}
+}
+GO
+	(cd "$dir" && go mod init testbin/kubectl >/dev/null 2>&1 &&
+		go get "k8s.io/kubectl@v$STAGING_VERSION" "k8s.io/component-base@v$STAGING_VERSION" >&2 &&
+		go mod tidy >&2 &&
+		go build -o "$OUT/kubectl.tmp" . && mv "$OUT/kubectl.tmp" "$OUT/kubectl")
+}
+
 [ -x "$OUT/etcd" ] || build_etcd >&2
 [ -x "$OUT/kube-apiserver" ] || build_apiserver >&2
+[ -x "$OUT/kubectl" ] || build_kubectl >&2
 echo "$OUT"

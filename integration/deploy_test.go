@@ -34,8 +34,11 @@ import (
 	"github.com/datum-cloud/galactic-node/internal/clustertest"
 )
 
-// kustomizations are every kustomization a user may apply.
+// kustomizations are every kustomization a user may apply on a shared
+// cluster; devKustomization adds other systems' CRDs, for labs and tests.
 var kustomizations = []string{"../deploy", "../deploy/overlays/dry-run-rollout", "../deploy/overlays/delegated-auth"}
+
+const devKustomization = "../deploy/dev"
 
 func build(t *testing.T, dir string) []*unstructured.Unstructured {
 	t.Helper()
@@ -153,14 +156,14 @@ func boolPtr(b bool) *bool { return &b }
 // deploy/ with a server-side dry run, and fails on any rejection.
 func TestEveryManifestIsAcceptedByTheAPIServer(t *testing.T) {
 	a := newApplier(t)
-	for _, obj := range build(t, "../deploy") {
+	for _, obj := range build(t, devKustomization) {
 		if obj.GetKind() == "CustomResourceDefinition" {
 			if err := a.apply(obj, false); err != nil {
 				t.Fatalf("CRD %s: %v", obj.GetName(), err)
 			}
 		}
 	}
-	for _, dir := range kustomizations {
+	for _, dir := range append(kustomizations, devKustomization) {
 		objs := build(t, dir)
 		if len(objs) < 15 {
 			t.Fatalf("%s built only %d objects", dir, len(objs))
