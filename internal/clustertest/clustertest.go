@@ -1,5 +1,6 @@
 // Package clustertest runs a real kube-apiserver and etcd for tests that read
-// or write Kubernetes objects, with this project's CRDs installed. The
+// or write Kubernetes objects, with this project's CRDs installed (and
+// prometheus-operator's PodMonitor, ServiceMonitor and PrometheusRule). The
 // binaries are built from the Go module proxy by hack/testbin.sh (make test
 // does it once per machine) and found through KUBEBUILDER_ASSETS.
 //
@@ -87,7 +88,13 @@ func StartWith(t testing.TB, configure func(*envtest.APIServer)) *Cluster {
 	}
 	env := &envtest.Environment{
 		BinaryAssetsDirectory: assets,
-		CRDDirectoryPaths:     []string{filepath.Join(repoRoot(), "deploy", "crds")},
+		// prometheus-operator's CRDs too: the monitoring component's
+		// PodMonitors and PrometheusRule are checked against the schemas an
+		// operator's cluster serves (testdata/prometheus-operator/README.md).
+		CRDDirectoryPaths: []string{
+			filepath.Join(repoRoot(), "deploy", "crds"),
+			filepath.Join(repoRoot(), "internal", "clustertest", "testdata", "prometheus-operator"),
+		},
 		ErrorIfCRDPathMissing: true,
 		// Tests stop and start the API server; with watches open its
 		// graceful shutdown can outlast envtest's 20 s default.
