@@ -58,7 +58,7 @@ images:
 demo: build
 	hack/demo.sh
 
-test: fmt-check vet test-privileged fuzz
+test: fmt-check vet alert-test test-privileged fuzz
 
 # The real kube-apiserver and etcd, built once per machine (hack/testbin.sh).
 testbin:
@@ -67,6 +67,18 @@ testbin:
 test-privileged: testbin
 	@if [ "$$(id -u)" != 0 ]; then echo "make test runs privileged tests: run it as root (sudo make test), or use make test-unit"; exit 1; fi
 	KUBEBUILDER_ASSETS=$$(hack/testbin.sh) $(GO) test -race -count=1 -timeout 30m $(PKGS)
+
+# The alert rules' unit tests (deploy/alerts/tests), run by promtool at the
+# Prometheus version go.mod requires, built once per machine (hack/promtool.sh).
+.PHONY: alert-test monitoring
+alert-test:
+	@promtool=$$(hack/promtool.sh) && $$promtool check rules deploy/alerts/galactic.rules.yaml && \
+		$$promtool test rules deploy/alerts/tests/*.yaml
+
+# Rewrites the monitoring component's PrometheusRule from the rule file, the
+# one source of the rules; a test fails while they differ.
+monitoring:
+	hack/monitoring.sh
 
 test-unit:
 	GALACTIC_SKIP_PRIVILEGED=1 $(GO) test -count=1 $(PKGS)
