@@ -266,30 +266,19 @@ static __always_inline __u8 by_default(const struct traffic_policy *pol)
 // bytes; the bound lets the verifier check every pointer into the frame.
 #define MAX_HEADER_OFFSET 1024
 
-// at returns a pointer to len bytes at off in the frame, pulling them into
-// the linear area when the kernel left them in page fragments, or NULL when
-// the frame is shorter. Direct access, not bpf_skb_load_bytes: a helper call
-// costs tens of nanoseconds on this path. A pull invalidates every earlier
-// pointer into the frame, so callers copy what they read before calling at
-// again.
-static __always_inline void *at(struct __sk_buff *skb, __u32 off, __u32 len)
+// load copies len bytes at off in the frame into to, wherever the kernel
+// keeps them (the linear area or page fragments), and returns 0; it returns
+// -1 when the frame is shorter. A copy through the helper, not direct packet
+// access: the daemon loads this program with CAP_BPF and CAP_NET_ADMIN only,
+// and without CAP_PERFMON the verifier refuses packet pointer arithmetic by a
+// variable offset (its Spectre v1 sanitation covers only stack and map
+// values) and any comparison of a packet pointer, even with NULL
+// (docs/datapath.md, "Privileges").
+static __always_inline int load(struct __sk_buff *skb, __u32 off, void *to, __u32 len)
 {
 	if (off > MAX_HEADER_OFFSET)
-		return NULL;
-	// Read afresh each time (volatile): a pointer the compiler carried
-	// across calls would reach the verifier as a 32-bit value it widens,
-	// and pointer arithmetic by shifts is refused.
-	void *data = (void *)(long)*(volatile __u32 *)&skb->data;
-	void *end = (void *)(long)*(volatile __u32 *)&skb->data_end;
-	if (data + off + len <= end)
-		return data + off;
-	if (off + len > skb->len || bpf_skb_pull_data(skb, off + len) < 0)
-		return NULL;
-	data = (void *)(long)*(volatile __u32 *)&skb->data;
-	end = (void *)(long)*(volatile __u32 *)&skb->data_end;
-	if (data + off + len > end)
-		return NULL;
-	return data + off;
+		return -1;
+	return bpf_skb_load_bytes(skb, off, to, len) < 0 ? -1 : 0;
 }
 
 // What the program learnt of an IP packet.
@@ -309,24 +298,24 @@ struct packet {
 // or that the frame cannot hold is malformed.
 static __always_inline int parse_ipv4(struct __sk_buff *skb, struct packet *p)
 {
-	struct iphdr *ip = at(skb, ETH_HLEN, sizeof(*ip));
-	if (!ip)
+	struct iphdr ip;
+	if (load(skb, ETH_HLEN, &ip, sizeof(ip)) < 0)
 		return -1;
-	__u32 hlen = ip->ihl * 4;
-	__u32 total = bpf_ntohs(ip->tot_len);
-	if (ip->version != 4 || hlen < sizeof(*ip) || total < hlen || ETH_HLEN + total > skb->len)
+	__u32 hlen = ip.ihl * 4;
+	__u32 total = bpf_ntohs(ip.tot_len);
+	if (ip.version != 4 || hlen < sizeof(ip) || total < hlen || ETH_HLEN + total > skb->len)
 		return -1;
-	__builtin_memcpy(p->src, &ip->saddr, 4);
-	__builtin_memcpy(p->dst, &ip->daddr, 4);
-	p->l4proto = ip->protocol;
+	__builtin_memcpy(p->src, &ip.saddr, 4);
+	__builtin_memcpy(p->dst, &ip.daddr, 4);
+	p->l4proto = ip.protocol;
 	p->l4off = ETH_HLEN + hlen;
 	p->end = ETH_HLEN + total;
-	__u16 frag = bpf_ntohs(ip->frag_off);
+	__u16 frag = bpf_ntohs(ip.frag_off);
 	if (frag & 0x1fff)
 		p->fragment = 2;
 	else if (frag & 0x2000)
 		p->fragment = 1;
-	p->frag_id = bpf_ntohs(ip->id);
+	p->frag_id = bpf_ntohs(ip.id);
 	return 0;
 }
 
@@ -336,22 +325,22 @@ static __always_inline int parse_ipv4(struct __sk_buff *skb, struct packet *p)
 // malformed: longer than MAX_EXT_HEADERS, or running past the packet.
 static __always_inline int parse_ipv6(struct __sk_buff *skb, struct packet *p)
 {
-	struct ipv6hdr *ip6 = at(skb, ETH_HLEN, sizeof(*ip6));
-	if (!ip6)
+	struct ipv6hdr ip6;
+	if (load(skb, ETH_HLEN, &ip6, sizeof(ip6)) < 0)
 		return -1;
-	__u32 end = ETH_HLEN + sizeof(*ip6) + bpf_ntohs(ip6->payload_len);
-	if (ip6->version != 6 || end > skb->len)
+	__u32 end = ETH_HLEN + sizeof(ip6) + bpf_ntohs(ip6.payload_len);
+	if (ip6.version != 6 || end > skb->len)
 		return -1;
-	__builtin_memcpy(p->src, &ip6->saddr, 16);
-	__builtin_memcpy(p->dst, &ip6->daddr, 16);
+	__builtin_memcpy(p->src, &ip6.saddr, 16);
+	__builtin_memcpy(p->dst, &ip6.daddr, 16);
 	p->is6 = 1;
 	p->end = end;
-	__u8 nh = ip6->nexthdr;
-	__u32 off = ETH_HLEN + sizeof(*ip6);
+	__u8 nh = ip6.nexthdr;
+	__u32 off = ETH_HLEN + sizeof(ip6);
 	for (int i = 0; i < MAX_EXT_HEADERS; i++) {
 		if (nh == IPPROTO_HOPOPTS || nh == IPPROTO_ROUTING || nh == IPPROTO_DSTOPTS) {
-			__u8 *h = off + 2 <= end ? at(skb, off, 2) : NULL;
-			if (!h)
+			__u8 h[2];
+			if (off + 2 > end || load(skb, off, h, 2) < 0)
 				return -1;
 			nh = h[0];
 			off += (h[1] + 1) * 8;
@@ -360,13 +349,13 @@ static __always_inline int parse_ipv6(struct __sk_buff *skb, struct packet *p)
 				__u8 nexthdr, reserved;
 				__be16 frag_off;
 				__be32 id;
-			} *f = off + sizeof(*f) <= end ? at(skb, off, sizeof(*f)) : NULL;
-			if (!f)
+			} f;
+			if (off + sizeof(f) > end || load(skb, off, &f, sizeof(f)) < 0)
 				return -1;
-			nh = f->nexthdr;
-			__u16 fo = bpf_ntohs(f->frag_off);
-			p->frag_id = bpf_ntohl(f->id);
-			off += sizeof(*f);
+			nh = f.nexthdr;
+			__u16 fo = bpf_ntohs(f.frag_off);
+			p->frag_id = bpf_ntohl(f.id);
+			off += sizeof(f);
 			if (fo & 0xfff8) {
 				// A later fragment: its upper layer is in the first one.
 				p->fragment = 2;
@@ -393,8 +382,8 @@ static __always_inline int parse_l4(struct __sk_buff *skb, struct packet *p)
 	__u8 proto = p->l4proto;
 	if (proto != IPPROTO_TCP && proto != IPPROTO_UDP && proto != (p->is6 ? IPPROTO_ICMPV6 : IPPROTO_ICMP))
 		return 0;
-	__u8 *l4 = p->l4off + 4 <= p->end ? at(skb, p->l4off, 4) : NULL;
-	if (!l4)
+	__u8 l4[4];
+	if (p->l4off + 4 > p->end || load(skb, p->l4off, l4, 4) < 0)
 		return -1;
 	p->sport = (__u16)l4[0] << 8 | l4[1];
 	p->dport = (__u16)l4[2] << 8 | l4[3];
@@ -493,8 +482,8 @@ static __always_inline int spoofed(struct __sk_buff *skb, const struct packet *p
 		if (p->icmp_type == 134 || p->icmp_type == 137) // router advertisement, redirect
 			return 1;
 		if (p->icmp_type == 136 && gw && !zero16(gw->ipv6)) { // advertisement claiming the gateway
-			__u8 *target = p->l4off + 24 <= p->end ? at(skb, p->l4off + 8, 16) : NULL;
-			return target && equal16(target, gw->ipv6);
+			__u8 target[16];
+			return p->l4off + 24 <= p->end && load(skb, p->l4off + 8, target, 16) == 0 && equal16(target, gw->ipv6);
 		}
 	}
 	return 0;
@@ -513,16 +502,16 @@ static __always_inline __u8 decide_arp(struct __sk_buff *skb, const struct gatew
 		__u8 hln, pln;
 		__be16 op;
 		__u8 sha[6], spa[4], tha[6], tpa[4];
-	} __attribute__((packed)) *a = at(skb, 0, sizeof(*a));
-	if (!a)
+	} __attribute__((packed)) a;
+	if (load(skb, 0, &a, sizeof(a)) < 0)
 		return DECISION_MALFORMED;
-	__u16 op = bpf_ntohs(a->op);
-	if (a->hrd != bpf_htons(1) || a->pro != bpf_htons(ETH_P_IP) || a->hln != 6 || a->pln != 4 || (op != 1 && op != 2))
+	__u16 op = bpf_ntohs(a.op);
+	if (a.hrd != bpf_htons(1) || a.pro != bpf_htons(ETH_P_IP) || a.hln != 6 || a.pln != 4 || (op != 1 && op != 2))
 		return DECISION_MALFORMED;
 	if (check_spoofing) {
-		if (word(a->sha) != word(a->src) || a->sha[4] != a->src[4] || a->sha[5] != a->src[5])
+		if (word(a.sha) != word(a.src) || a.sha[4] != a.src[4] || a.sha[5] != a.src[5])
 			return DECISION_DENY;
-		if (gw && word(gw->ipv4) && equal4(gw->ipv4, a->spa))
+		if (gw && word(gw->ipv4) && equal4(gw->ipv4, a.spa))
 			return DECISION_DENY;
 	}
 	return DECISION_HOST_ONLY;
@@ -589,10 +578,10 @@ static __always_inline __u8 decide(struct __sk_buff *skb, __u32 ifindex, const s
 		return DECISION_DENY;
 	int check_spoofing = !(pol->flags & POLICY_SPOOFING_ALLOWED);
 	if (check_spoofing) {
-		struct ethhdr *eth = at(skb, 0, sizeof(*eth));
-		if (!eth)
+		struct ethhdr eth;
+		if (load(skb, 0, &eth, sizeof(eth)) < 0)
 			return DECISION_MALFORMED;
-		if (eth->h_source[0] & 1) // a group address is no frame's source
+		if (eth.h_source[0] & 1) // a group address is no frame's source
 			return DECISION_DENY;
 	}
 	struct gateway *gw = bpf_map_lookup_elem(&tenant_gateway, &ifindex);
