@@ -13,7 +13,7 @@ FUZZTIME        ?= 300000x
 PKGS            := ./...
 VERSION         ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: demo all build images test test-unit test-privileged testbin fuzz bench lint fmt-check vet generate
+.PHONY: demo all build images pin-images test test-unit test-privileged testbin fuzz bench lint fmt-check vet generate
 
 all: build
 
@@ -47,12 +47,22 @@ images:
 	$(IMAGE_BUILD) -ref $(IMAGE_REPO)/galactic-node:$(VERSION) \
 		-add $(IMAGE_DIR)/static/galactic-node=/usr/local/bin/galactic-node \
 		-add $(IMAGE_DIR)/static/galactic-tap=/usr/local/bin/galactic-tap \
+		-add deploy/node/seccomp/galactic-node.json=/etc/galactic/seccomp/galactic-node.json \
 		-entrypoint /usr/local/bin/galactic-node \
 		-out $(IMAGE_DIR)/galactic-node.oci.tar -digest-file $(IMAGE_DIR)/galactic-node.digest
 	$(IMAGE_BUILD) -ref $(IMAGE_REPO)/galactic-hubctl:$(VERSION) \
 		-add $(IMAGE_DIR)/static/galactic-hubctl=/usr/local/bin/galactic-hubctl \
 		-entrypoint /usr/local/bin/galactic-hubctl -user 65532:65532 \
 		-out $(IMAGE_DIR)/galactic-hubctl.oci.tar -digest-file $(IMAGE_DIR)/galactic-hubctl.digest
+
+# Pins the default install (deploy/base) to the images just built, by
+# digest: run after pushing them with their digests kept (README, "Images").
+pin-images:
+	@for img in galactic-node galactic-hubctl; do \
+		d=$$(cat $(IMAGE_DIR)/$$img.digest) || exit 1; \
+		sed -i "/name: $(subst /,\/,$(IMAGE_REPO))\/$$img\$$/{n;s/digest: .*/digest: $$d/}" deploy/base/kustomization.yaml; \
+		echo "pinned $(IMAGE_REPO)/$$img@$$d"; \
+	done
 
 # The README's first command: the whole job in a private network namespace.
 demo: build
@@ -64,7 +74,9 @@ test: fmt-check vet alert-test test-privileged fuzz
 testbin:
 	@hack/testbin.sh >/dev/null
 
-test-privileged: testbin
+# The container tests (integration/container_test.go) run the images
+# `make images` writes, in podman.
+test-privileged: testbin images
 	@if [ "$$(id -u)" != 0 ]; then echo "make test runs privileged tests: run it as root (sudo make test), or use make test-unit"; exit 1; fi
 	KUBEBUILDER_ASSETS=$$(hack/testbin.sh) $(GO) test -race -count=1 -timeout 30m $(PKGS)
 

@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -157,6 +158,42 @@ func TestTheNodeDaemonSetIsHardenedAndProbed(t *testing.T) {
 		t.Errorf("pod seccompProfile %+v, want RuntimeDefault", spec.SecurityContext)
 	}
 	c := spec.Containers[0]
+	// The daemon's own profile: RuntimeDefault's refusals but bpf(2).
+	if sc := c.SecurityContext; sc == nil || sc.SeccompProfile == nil || sc.SeccompProfile.Type != corev1.SeccompProfileTypeLocalhost ||
+		sc.SeccompProfile.LocalhostProfile == nil || *sc.SeccompProfile.LocalhostProfile != "galactic/galactic-node.json" {
+		t.Errorf("daemon container seccompProfile %+v, want Localhost galactic/galactic-node.json", c.SecurityContext)
+	}
+	raw, err := os.ReadFile("../deploy/node/seccomp/galactic-node.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var profile struct {
+		DefaultAction string
+		Syscalls      []struct {
+			Names  []string
+			Action string
+		}
+	}
+	if err := json.Unmarshal(raw, &profile); err != nil {
+		t.Fatal(err)
+	}
+	refused := map[string]bool{}
+	for _, r := range profile.Syscalls {
+		for _, n := range r.Names {
+			refused[n] = r.Action != "SCMP_ACT_ALLOW"
+		}
+	}
+	if profile.DefaultAction != "SCMP_ACT_ALLOW" && profile.DefaultAction != "SCMP_ACT_ERRNO" {
+		t.Errorf("profile defaultAction %q", profile.DefaultAction)
+	}
+	if refused["bpf"] {
+		t.Error("the daemon's seccomp profile refuses bpf(2)")
+	}
+	for _, n := range []string{"mount", "umount2", "unshare", "setns", "ptrace", "kexec_load", "init_module", "finit_module", "keyctl", "perf_event_open", "io_uring_setup", "open_by_handle_at"} {
+		if !refused[n] {
+			t.Errorf("the daemon's seccomp profile allows %s, which RuntimeDefault refuses", n)
+		}
+	}
 	shutdown, err := time.ParseDuration(flagValue(c.Args, "shutdown-timeout", defaultOf(t, "shutdown-timeout")))
 	if err != nil {
 		t.Fatal(err)

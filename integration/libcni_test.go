@@ -324,7 +324,7 @@ func TestStatusOnlyChecks(t *testing.T) {
 	h.mustCNI("STATUS", "", h.conf("f", nil))
 }
 
-// The conflist deploy/ installs names the network GC is scoped to, parses
+// The conflist deploy/ ships names the network GC is scoped to, parses
 // with libcni, and validates against the built plugin.
 func TestTheShippedConflistIsAValidNetwork(t *testing.T) {
 	b, err := os.ReadFile("../deploy/node/10-galactic.conflist")
@@ -345,13 +345,8 @@ func TestTheShippedConflistIsAValidNetwork(t *testing.T) {
 	if _, err := libcni.NewCNIConfig([]string{bin}, nil).ValidateNetworkList(context.Background(), list); err != nil {
 		t.Fatalf("validate the shipped conflist: %v", err)
 	}
-	ds, err := os.ReadFile("../deploy/node/daemonset.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !strings.Contains(string(ds), "/host/etc/cni/net.d/10-galactic.conflist") {
-		t.Fatal("the DaemonSet does not install the conflist")
-	}
+	// That the DaemonSet installs it, and that the plugin it installs
+	// runs it: TestTheNodeImageRunsAsTheDaemonSetRunsIt.
 }
 
 // BenchmarkLibcniAddDel times ADD and DEL of galactic-tap through libcni,

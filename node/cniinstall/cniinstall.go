@@ -1,5 +1,6 @@
 // Package cniinstall installs the CNI plugin and the network's conflist into
-// the host's CNI folders. Each file is replaced by a rename, so the container
+// the host's CNI folders, and the daemon's seccomp profile where the kubelet
+// reads Localhost profiles. Each file is replaced by a rename, so the container
 // runtime, which may read either at any moment, sees the old file or the new
 // one and never a part of one.
 package cniinstall
@@ -8,6 +9,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -25,6 +27,10 @@ type Config struct {
 	Conflist string // the network's conflist to install
 	BinDir   string // the host's CNI plugin folder
 	ConfDir  string // the host's CNI configuration folder
+	// Seccomp is the daemon's seccomp profile, installed into SeccompDir
+	// (the kubelet's seccomp folder, or a folder under it) before the
+	// daemon's container is created; both empty installs none.
+	Seccomp, SeccompDir string
 }
 
 // Installed is one file as it now is at its destination.
@@ -49,16 +55,35 @@ func Install(ctx context.Context, c Config, log *slog.Logger) ([]Installed, erro
 	if err := checkPlugin(c.Plugin); err != nil {
 		return nil, err
 	}
-	// The plugin goes first: a runtime that finds the conflist must find
-	// the plugin it names.
-	var done []Installed
-	for _, f := range []struct {
+	files := []struct {
 		src, dir string
 		mode     fs.FileMode
 	}{
 		{c.Plugin, c.BinDir, 0o755},
 		{c.Conflist, c.ConfDir, 0o644},
-	} {
+	}
+	if (c.Seccomp == "") != (c.SeccompDir == "") {
+		return nil, errors.New("a seccomp profile and its folder go together")
+	}
+	if c.Seccomp != "" {
+		b, err := os.ReadFile(c.Seccomp)
+		if err != nil {
+			return nil, fmt.Errorf("read seccomp profile: %w", err)
+		}
+		if err := validateSeccomp(b); err != nil {
+			return nil, fmt.Errorf("seccomp profile %s: %w", c.Seccomp, err)
+		}
+		// The profile is not read before the daemon's container is
+		// created, so its order against the CNI files does not matter.
+		files = append(files, struct {
+			src, dir string
+			mode     fs.FileMode
+		}{c.Seccomp, c.SeccompDir, 0o644})
+	}
+	// The plugin goes first: a runtime that finds the conflist must find
+	// the plugin it names.
+	var done []Installed
+	for _, f := range files {
 		if err := ctx.Err(); err != nil {
 			return done, fmt.Errorf("install %s: %w", f.src, err)
 		}
@@ -84,6 +109,31 @@ func validateConflist(b []byte) error {
 	}
 	if len(l.Plugins) == 0 {
 		return errors.New("no plugins")
+	}
+	return nil
+}
+
+// validateSeccomp refuses a profile a runtime would reject at container
+// creation, long after the install said it was done: it must be a JSON
+// object with a default action and named syscall rules.
+func validateSeccomp(b []byte) error {
+	var p struct {
+		DefaultAction string `json:"defaultAction"`
+		Syscalls      []struct {
+			Names  []string `json:"names"`
+			Action string   `json:"action"`
+		} `json:"syscalls"`
+	}
+	if err := json.Unmarshal(b, &p); err != nil {
+		return err
+	}
+	if p.DefaultAction == "" {
+		return errors.New("no defaultAction")
+	}
+	for i, r := range p.Syscalls {
+		if len(r.Names) == 0 || r.Action == "" {
+			return fmt.Errorf("syscall rule %d names no syscall or action", i)
+		}
 	}
 	return nil
 }
