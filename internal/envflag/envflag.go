@@ -1,19 +1,21 @@
 // Package envflag sets command-line flags from GALACTIC_* environment
 // variables, the one convention of this project's binaries: the command
-// line wins over the environment.
+// line wins over the environment, and a GALACTIC_* variable that is no
+// flag's is an error.
 package envflag
 
 import (
 	"errors"
 	"flag"
 	"fmt"
+	"slices"
 	"strings"
 )
 
 // Name is the environment variable of flag name: GALACTIC_ and the name in
 // upper case, dashes as underscores.
 func Name(flagName string) string {
-	return "GALACTIC_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+	return Prefix + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
 }
 
 // Set sets every flag of fs not given on the command line from its
@@ -34,4 +36,76 @@ func Set(fs *flag.FlagSet, lookup func(string) (string, bool)) error {
 		}
 	})
 	return errors.Join(errs...)
+}
+
+// Prefix starts every variable this package reads.
+const Prefix = "GALACTIC_"
+
+// Names returns the variable of every flag of sets: what a binary knows,
+// given the flag sets of all its commands.
+func Names(sets ...*flag.FlagSet) map[string]bool {
+	known := map[string]bool{}
+	for _, fs := range sets {
+		fs.VisitAll(func(f *flag.Flag) { known[Name(f.Name)] = true })
+	}
+	return known
+}
+
+// Unknown returns an error naming every GALACTIC_* variable of environ
+// (os.Environ's form) that is not in known, and the known one it most
+// likely misspells: a misspelt variable would otherwise be ignored, and
+// the flag it meant left at its default without a word.
+func Unknown(environ []string, known map[string]bool) error {
+	var bad []string
+	for _, kv := range environ {
+		name, _, _ := strings.Cut(kv, "=")
+		if !strings.HasPrefix(name, Prefix) || known[name] {
+			continue
+		}
+		if near := closest(name, known); near != "" {
+			name += " (did you mean " + near + "?)"
+		}
+		bad = append(bad, name)
+	}
+	if len(bad) == 0 {
+		return nil
+	}
+	slices.Sort(bad)
+	return fmt.Errorf("unknown environment variable %s", strings.Join(bad, ", "))
+}
+
+// closest is the known name a few edits from name, if one is: at most one
+// edit in three of the part after the prefix, so that a typo finds its
+// flag and an unrelated name finds nothing.
+func closest(name string, known map[string]bool) string {
+	suffix := strings.TrimPrefix(name, Prefix)
+	best, bestD := "", len(suffix)/3+1
+	for k := range known {
+		d := distance(suffix, strings.TrimPrefix(k, Prefix))
+		if d < bestD || (d == bestD && best != "" && k < best) {
+			best, bestD = k, d
+		}
+	}
+	return best
+}
+
+// distance is the Levenshtein distance between a and b.
+func distance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
 }
