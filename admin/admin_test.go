@@ -60,6 +60,13 @@ func (f *fakeBackend) Ready(context.Context) error {
 	}
 	return nil
 }
+func (f *fakeBackend) Status(ctx context.Context) agent.Status {
+	st := agent.Status{Ready: true, Maps: []agent.MapFill{{Name: "tenant_policy", Rows: 1, MaxEntries: 65536}}}
+	if err := f.Ready(ctx); err != nil {
+		st.Ready, st.Reason = false, err.Error()
+	}
+	return st
+}
 func (f *fakeBackend) Taps(context.Context) ([]agent.TapView, error) {
 	f.touched.Add(1)
 	f.calls.Add(1)

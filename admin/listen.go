@@ -58,6 +58,8 @@ func NewServer(h http.Handler, log *slog.Logger) *http.Server {
 		IdleTimeout:       time.Minute,
 		MaxHeaderBytes:    AdminMaxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+		// Unix-socket callers are known by their kernel credentials.
+		ConnContext: PeerContext,
 	}
 }
 
@@ -115,7 +117,9 @@ func MetricsHandler(metrics http.Handler, live, ready func(context.Context) erro
 	return mux
 }
 
-// ListenUnix listens on the admin socket path with mode 0600.
+// ListenUnix listens on the admin socket path with mode 0600, or, given a
+// read group, 0660 and that group, so that its members can connect (their
+// role is still decided per connection from the kernel's credentials).
 //
 // Its folder is created with SocketFolderMode if missing. An existing
 // folder must be owned by this user or root, not writable by group or
@@ -124,7 +128,7 @@ func MetricsHandler(metrics http.Handler, live, ready func(context.Context) erro
 // path is removed only when it is a socket nothing answers on (one a crashed
 // daemon left); a live socket, a symlink or any other file is an error and
 // left alone.
-func ListenUnix(path string) (net.Listener, error) {
+func ListenUnix(path string, readGroup *uint32) (net.Listener, error) {
 	abs, err := filepath.Abs(path)
 	if err != nil {
 		return nil, fmt.Errorf("admin socket %s: %w", path, err)
@@ -143,7 +147,7 @@ func ListenUnix(path string) (net.Listener, error) {
 	if err != nil {
 		return nil, fmt.Errorf("admin socket %s: %w", abs, err)
 	}
-	if err := restrictSocket(abs); err != nil {
+	if err := restrictSocket(abs, readGroup); err != nil {
 		l.Close()
 		return nil, err
 	}
@@ -208,10 +212,11 @@ func removeStale(path string) error {
 	return nil
 }
 
-// restrictSocket gives the socket at path mode 0600 without following a
-// symlink: it opens path itself (O_PATH|O_NOFOLLOW), checks that it is a
-// socket, and changes the mode of exactly that inode through /proc.
-func restrictSocket(path string) error {
+// restrictSocket gives the socket at path mode 0600 (0660 and group
+// readGroup, when given) without following a symlink: it opens path itself
+// (O_PATH|O_NOFOLLOW), checks that it is a socket, and changes exactly that
+// inode through /proc.
+func restrictSocket(path string, readGroup *uint32) error {
 	fd, err := unix.Open(path, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return fmt.Errorf("admin socket %s: open to set its mode: %w", path, err)
@@ -224,8 +229,19 @@ func restrictSocket(path string) error {
 	if st.Mode&unix.S_IFMT != unix.S_IFSOCK {
 		return fmt.Errorf("admin socket %s was replaced by something not a socket: refused", path)
 	}
-	if err := os.Chmod("/proc/self/fd/"+strconv.Itoa(fd), 0o600); err != nil {
-		return fmt.Errorf("admin socket %s: set mode 0600: %w", path, err)
+	inode := "/proc/self/fd/" + strconv.Itoa(fd)
+	if readGroup == nil {
+		if err := os.Chmod(inode, 0o600); err != nil {
+			return fmt.Errorf("admin socket %s: set mode 0600: %w", path, err)
+		}
+		return nil
+	}
+	// Group first: the mode that opens it to the group comes last.
+	if err := os.Chown(inode, -1, int(*readGroup)); err != nil {
+		return fmt.Errorf("admin socket %s: give it to group %d: %w", path, *readGroup, err)
+	}
+	if err := os.Chmod(inode, 0o660); err != nil {
+		return fmt.Errorf("admin socket %s: set mode 0660: %w", path, err)
 	}
 	return nil
 }

@@ -52,7 +52,7 @@ func TestSettingTheSocketModeNeverFollowsASymlink(t *testing.T) {
 // socket 0600, and refuses to replace a live one.
 func TestTheSocketIsBornPrivate(t *testing.T) {
 	sock := filepath.Join(t.TempDir(), "run", "admin.sock")
-	l, err := admin.ListenUnix(sock)
+	l, err := admin.ListenUnix(sock, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,7 +72,7 @@ func TestTheSocketIsBornPrivate(t *testing.T) {
 			c.Close()
 		}
 	}()
-	if _, err := admin.ListenUnix(sock); err == nil || !strings.Contains(err.Error(), "in use") {
+	if _, err := admin.ListenUnix(sock, nil); err == nil || !strings.Contains(err.Error(), "in use") {
 		t.Fatalf("a second listener on a live socket: %v", err)
 	}
 }

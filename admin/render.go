@@ -47,6 +47,8 @@ func writeText(w io.Writer, v any) {
 		_ = tw.Flush()
 	case errorBody:
 		fmt.Fprintln(w, "error: "+escapeText(v.Error))
+	case Status:
+		WriteStatus(w, v, time.Now())
 	default:
 		b, _ := json.MarshalIndent(v, "", "  ")
 		fmt.Fprintln(w, string(escapeJSON(b)))
@@ -127,6 +129,55 @@ func escapeJSON(b []byte) []byte {
 		b = b[size:]
 	}
 	return out.Bytes()
+}
+
+// WriteStatus renders GET /v1/status for a person: one "field: value" line
+// each, times as ages and due times as of now.
+func WriteStatus(w io.Writer, st Status, now time.Time) {
+	tw := tabwriter.NewWriter(w, 0, 4, 1, ' ', 0)
+	line := func(k, v string) { fmt.Fprintf(tw, "%s:\t%s\n", k, escapeText(v)) }
+	line("version", st.Version)
+	line("node", st.Node)
+	if st.Ready {
+		line("ready", "yes")
+	} else {
+		line("ready", "no: "+st.Reason)
+	}
+	line("dry run", strconv.FormatBool(st.Schedule.DryRun))
+	switch {
+	case st.Schedule.Interval == 0:
+		line("passes", "only when forced (--interval 0)")
+	case st.Schedule.NextDue.IsZero():
+		line("passes", "every "+st.Schedule.Interval.String())
+	default:
+		line("passes", fmt.Sprintf("every %s, next in %s", st.Schedule.Interval, max(st.Schedule.NextDue.Sub(now), 0).Round(time.Second)))
+	}
+	if p := st.LastPass; p != nil {
+		last := fmt.Sprintf("%s %s ago (took %s): %d reclaimed, %d failed", p.Result, now.Sub(p.Finished).Round(time.Second),
+			p.Finished.Sub(p.Started).Round(time.Millisecond), p.Reclaimed, p.Failed)
+		if p.DryRun {
+			last += ", dry run"
+		}
+		if p.Reason != "" {
+			last += ": " + p.Reason
+		}
+		line("last pass", last)
+	} else {
+		line("last pass", "none yet")
+	}
+	if !st.InventoryProvenAt.IsZero() {
+		line("inventory", "proven current "+now.Sub(st.InventoryProvenAt).Round(time.Second).String()+" ago")
+	} else {
+		line("inventory", "a file: never proven against a cluster")
+	}
+	for _, m := range st.Maps {
+		fill := "unreadable"
+		if m.Rows >= 0 && m.MaxEntries > 0 {
+			fill = fmt.Sprintf("%d/%d (%.1f%%)", m.Rows, m.MaxEntries, 100*float64(m.Rows)/float64(m.MaxEntries))
+		}
+		line("map "+m.Name, fill)
+	}
+	_ = tw.Flush()
 }
 
 func dash(s string) string {

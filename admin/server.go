@@ -4,9 +4,12 @@
 // owns what every listener of the daemon is bounded by (listen.go): header
 // size, connections and time.
 //
-// Every route but /healthz and /readyz needs "Authorization: Bearer
-// <token>": a token from the token file (role read or admin), or, with
-// delegated auth, one the API server authenticates and authorises. Tokens in
+// Every route but /healthz and /readyz needs a principal. On the unix
+// socket, a caller who sends no token is who the kernel says it is
+// (SO_PEERCRED): uid 0 is admin, members of the read group may read, anyone
+// else is refused. Otherwise, and on TCP, "Authorization: Bearer <token>": a
+// token from the token file (role read or admin), or, with delegated auth,
+// one the API server authenticates and authorises. Tokens in
 // the query string are refused; tokens are never logged. Failed
 // authentications are rate-limited (429 beyond the budget). A query
 // parameter a route does not read, or one it reads given twice, is refused
@@ -41,6 +44,7 @@ import (
 // Backend is the node as the admin API sees it; *agent.Agent implements it.
 type Backend interface {
 	Ready(ctx context.Context) error
+	Status(ctx context.Context) agent.Status
 	Taps(ctx context.Context) ([]agent.TapView, error)
 	Pending() []reclaim.Pending
 	ForcePass(ctx context.Context, dryRun bool) reclaim.Report
@@ -52,8 +56,14 @@ type Backend interface {
 
 // Config configures the handler.
 type Config struct {
-	Tokens *TokenFile // may be nil when Kube is set
+	Tokens *TokenFile // may be nil
 	Kube   *KubeAuth  // delegated auth; nil disables it
+	// Peers admits unix-socket callers that send no token by their kernel
+	// credentials (PeerContext must be the server's ConnContext); nil
+	// admits none that way.
+	Peers *PeerPolicy
+	// Version and Node are shown by GET /v1/status.
+	Version, Node string
 	// ForcesPerMinute bounds POST /v1/passes; beyond it callers get 429.
 	// 0 (or less) disables forced passes: every POST /v1/passes gets 403.
 	ForcesPerMinute int
@@ -210,6 +220,20 @@ func (h *handler) authorize(need Role, verb string) func(http.Handler) http.Hand
 				}
 			}
 			token, ok := bearer(r)
+			if peer, onSocket := peerFrom(r.Context()); !ok && onSocket && h.cfg.Peers != nil {
+				switch role := h.cfg.Peers.role(peer); {
+				case role >= need:
+					if p, ok := r.Context().Value(principalKey{}).(*string); ok {
+						*p = peer.String() + ":" + role.String()
+					}
+					next.ServeHTTP(w, r)
+				case role != RoleNone:
+					writeError(w, r, http.StatusForbidden, fmt.Sprintf("%s, a reader through the read group, cannot %s this: run as root", peer, verb))
+				default:
+					writeError(w, r, http.StatusForbidden, fmt.Sprintf("%s is neither root nor in the admin socket's read group, and sent no token", peer))
+				}
+				return
+			}
 			if !ok {
 				w.Header().Set("WWW-Authenticate", `Bearer realm="galactic-node"`)
 				writeError(w, r, http.StatusUnauthorized, "missing bearer token")
@@ -318,18 +342,17 @@ func (h *handler) readyz(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, r, http.StatusOK, map[string]string{"status": "ready"})
 }
 
-// Status is GET /v1/status: readiness and, when not ready, why.
+// Status is GET /v1/status: the daemon's version and node, readiness and,
+// when not ready, why, the pass schedule, the last pass, the inventory's
+// health and how full each map is.
 type Status struct {
-	Ready  bool   `json:"ready"`
-	Reason string `json:"reason,omitempty"`
+	Version string `json:"version"`
+	Node    string `json:"node"`
+	agent.Status
 }
 
 func (h *handler) status(w http.ResponseWriter, r *http.Request) {
-	st := Status{Ready: true}
-	if err := h.b.Ready(r.Context()); err != nil {
-		st = Status{Reason: err.Error()}
-	}
-	writeJSON(w, r, http.StatusOK, st)
+	writeJSON(w, r, http.StatusOK, Status{Version: h.cfg.Version, Node: h.cfg.Node, Status: h.b.Status(r.Context())})
 }
 
 func (h *handler) taps(w http.ResponseWriter, r *http.Request) {

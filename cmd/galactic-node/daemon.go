@@ -10,6 +10,8 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/user"
+	"strconv"
 	"sync"
 	"time"
 
@@ -22,8 +24,10 @@ import (
 
 	"github.com/datum-cloud/galactic-node/admin"
 	"github.com/datum-cloud/galactic-node/ebpf/datapath"
+	"github.com/datum-cloud/galactic-node/internal/buildinfo"
+	"github.com/datum-cloud/galactic-node/internal/cli"
 	"github.com/datum-cloud/galactic-node/internal/connlimit"
-	"github.com/datum-cloud/galactic-node/internal/envflag"
+	"github.com/datum-cloud/galactic-node/internal/logging"
 	"github.com/datum-cloud/galactic-node/node/agent"
 	"github.com/datum-cloud/galactic-node/node/attachreg"
 	"github.com/datum-cloud/galactic-node/node/holder"
@@ -44,14 +48,14 @@ type daemonFlags struct {
 	adminTLSCert, adminTLSKey, adminToken string
 	adminKubeAuth                         bool
 	adminForcesPerMinute                  int
+	adminReadGroup                        string
 	metricsListen, logFormat, logLevel    string
 	shutdownTimeout, passStuckAfter       time.Duration
 }
 
-func parseDaemonFlags(args []string, stderr io.Writer) (*daemonFlags, error) {
-	f := &daemonFlags{}
+// daemonFlagSet defines the flags of galactic-node run into f.
+func daemonFlagSet(f *daemonFlags) *flag.FlagSet {
 	fs := flag.NewFlagSet("galactic-node run", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	fs.StringVar(&f.nodeName, "node-name", "", "this node's name (default $NODE_NAME, then the hostname)")
 	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster configuration)")
 	fs.StringVar(&f.inventoryFile, "inventory-file", "", "read the inventory from this YAML file instead of the cluster")
@@ -70,18 +74,30 @@ func parseDaemonFlags(args []string, stderr io.Writer) (*daemonFlags, error) {
 	fs.StringVar(&f.adminToken, "admin-token-file", "", "admin tokens, one \"<read|admin> <token>\" a line, mode 0600 or 0400; reloaded on change, revoked while missing")
 	fs.BoolVar(&f.adminKubeAuth, "admin-kube-auth", false, "also accept Kubernetes tokens: TokenReview, then SubjectAccessReview on nodes.galactic.datum.net")
 	fs.IntVar(&f.adminForcesPerMinute, "admin-forces-per-minute", 6, "forced passes allowed a minute before 429; 0 disables forced passes")
+	fs.StringVar(&f.adminReadGroup, "admin-read-group", "", "group (name or gid) whose members may read the admin API over the socket with no token; root may do anything there")
 	fs.StringVar(&f.metricsListen, "metrics-listen", ":9180", "Prometheus metrics address (empty disables)")
 	fs.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 30*time.Second, "on SIGTERM, how long the pass in flight may finish and the servers drain; below the pod's terminationGracePeriodSeconds")
 	fs.DurationVar(&f.passStuckAfter, "pass-stuck-after", 10*time.Minute, "/healthz fails (and the liveness probe restarts the daemon) when a pass has run this long, or none started for --interval plus this")
 	fs.StringVar(&f.logFormat, "log-format", "json", "json or text")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
-	if err := fs.Parse(args); err != nil {
-		return nil, err
+	return fs
+}
+
+// parseDaemonFlags parses and checks the flags of galactic-node run; every
+// error it returns is a usage mistake (internal/cli).
+func parseDaemonFlags(args, environ []string, stdout io.Writer) (*daemonFlags, error) {
+	f, err := parseDaemonFlagsUnchecked(args, environ, stdout)
+	var u *cli.UsageError
+	if err != nil && !errors.Is(err, flag.ErrHelp) && !errors.As(err, &u) {
+		err = cli.Misuse("galactic-node run", err)
 	}
-	if fs.NArg() > 0 {
-		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
-	}
-	if err := envflag.Set(fs, os.LookupEnv); err != nil {
+	return f, err
+}
+
+func parseDaemonFlagsUnchecked(args, environ []string, stdout io.Writer) (*daemonFlags, error) {
+	f := &daemonFlags{}
+	fs := daemonFlagSet(f)
+	if err := cli.Parse(fs, "galactic-node run [flags]", args, environ, knownEnv(), stdout); err != nil {
 		return nil, err
 	}
 	if f.nodeName == "" {
@@ -118,8 +134,11 @@ func parseDaemonFlags(args []string, stderr io.Writer) (*daemonFlags, error) {
 	if f.adminForcesPerMinute < 0 {
 		return nil, errors.New("--admin-forces-per-minute must not be negative (0 disables forced passes)")
 	}
-	if (f.adminSocket != "" || f.adminListen != "") && f.adminToken == "" && !f.adminKubeAuth {
-		return nil, errors.New("the admin API needs --admin-token-file or --admin-kube-auth (or disable it with --admin-socket= and no --admin-listen)")
+	if f.adminListen != "" && f.adminToken == "" && !f.adminKubeAuth {
+		return nil, errors.New("--admin-listen needs --admin-token-file or --admin-kube-auth: TCP callers have no kernel credentials")
+	}
+	if f.adminReadGroup != "" && f.adminSocket == "" {
+		return nil, errors.New("--admin-read-group names who may read the admin socket, which --admin-socket= disables")
 	}
 	if (f.adminTLSCert == "") != (f.adminTLSKey == "") {
 		return nil, errors.New("--admin-tls-cert and --admin-tls-key go together")
@@ -131,6 +150,23 @@ func parseDaemonFlags(args []string, stderr io.Writer) (*daemonFlags, error) {
 		return nil, errors.New("--admin-kube-auth needs a cluster: give --kubeconfig or run in-cluster")
 	}
 	return f, nil
+}
+
+// lookupGroup resolves a group name or number. The image has no
+// /etc/group: there, give the number.
+func lookupGroup(name string) (uint32, error) {
+	if gid, err := strconv.ParseUint(name, 10, 32); err == nil {
+		return uint32(gid), nil
+	}
+	g, err := user.LookupGroup(name)
+	if err != nil {
+		return 0, fmt.Errorf("--admin-read-group %s: %w (give a gid where there is no /etc/group)", name, err)
+	}
+	gid, err := strconv.ParseUint(g.Gid, 10, 32)
+	if err != nil {
+		return 0, fmt.Errorf("--admin-read-group %s: gid %q: %w", name, g.Gid, err)
+	}
+	return uint32(gid), nil
 }
 
 func isLoopback(addr string) bool {
@@ -160,17 +196,18 @@ func kubeConfig(path string) (*rest.Config, error) {
 	return cfg, nil
 }
 
-func runDaemon(ctx context.Context, args []string, stderr io.Writer) error {
-	f, err := parseDaemonFlags(args, stderr)
+func runDaemon(ctx context.Context, args, environ []string, stdout, stderr io.Writer) error {
+	f, err := parseDaemonFlags(args, environ, stdout)
 	if err != nil {
 		return err
 	}
-	log, err := newLogger(stderr, f.logFormat, f.logLevel)
+	log, err := logging.New(stderr, f.logFormat, f.logLevel)
 	if err != nil {
-		return err
+		return cli.Misuse("galactic-node run", err)
 	}
 	log = log.With("node", f.nodeName)
-	log.Info("galactic-node starting", "version", version, "interval", f.interval, "min_candidate_age", f.minCandidateAge, "dry_run", f.dryRun,
+	logging.RouteKlog(log)
+	log.Info("galactic-node starting", "version", buildinfo.Version(version), "interval", f.interval, "min_candidate_age", f.minCandidateAge, "dry_run", f.dryRun,
 		"max_reclaims_per_pass", f.maxReclaims, "bpffs", f.bpffs, "inventory_file", f.inventoryFile)
 
 	conn, err := link.Dial(nil)
@@ -208,7 +245,8 @@ func runDaemon(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		buildinfo.Collector(buildinfo.Version(version)))
 	metrics, err := reclaim.NewMetrics(reg)
 	if err != nil {
 		return err
@@ -265,7 +303,14 @@ func runDaemon(ctx context.Context, args []string, stderr io.Writer) error {
 		if f.adminForcesPerMinute == 0 {
 			log.Info("forced passes are disabled (--admin-forces-per-minute 0)")
 		}
-		acfg := admin.Config{ForcesPerMinute: f.adminForcesPerMinute, Log: log}
+		acfg := admin.Config{ForcesPerMinute: f.adminForcesPerMinute, Log: log, Version: version, Node: f.nodeName, Peers: &admin.PeerPolicy{}}
+		if f.adminReadGroup != "" {
+			gid, err := lookupGroup(f.adminReadGroup)
+			if err != nil {
+				return err
+			}
+			acfg.Peers.ReadGroup = &gid
+		}
 		if f.adminToken != "" {
 			tokens, err := admin.LoadTokenFile(f.adminToken)
 			if err != nil {
@@ -294,7 +339,7 @@ func runDaemon(ctx context.Context, args []string, stderr io.Writer) error {
 		}
 		h := admin.NewHandler(ag, acfg)
 		if f.adminSocket != "" {
-			l, err := admin.ListenUnix(f.adminSocket)
+			l, err := admin.ListenUnix(f.adminSocket, acfg.Peers.ReadGroup)
 			if err != nil {
 				return err
 			}

@@ -143,6 +143,10 @@ type conn struct {
 	release func()
 }
 
+// NetConn returns the connection underneath, as tls.Conn's does: the admin
+// API reads a unix socket's peer credentials from it.
+func (c *conn) NetConn() net.Conn { return c.Conn }
+
 func (c *conn) Close() error {
 	err := c.Conn.Close()
 	c.once.Do(c.release)

@@ -162,6 +162,65 @@ func (a *Agent) Ready(ctx context.Context) error {
 	return nil
 }
 
+// Status is the node at a glance, for `galactic-node status`.
+type Status struct {
+	Ready    bool            `json:"ready"`
+	Reason   string          `json:"reason,omitempty"`
+	Schedule reclaim.Schedule `json:"schedule"`
+	// LastPass is the newest pass's report without its lists.
+	LastPass *PassSummary `json:"lastPass,omitempty"`
+	// InventoryProvenAt is when the cluster inventory last showed itself
+	// current; zero for a file inventory.
+	InventoryProvenAt time.Time `json:"inventoryProvenAt,omitzero"`
+	Maps              []MapFill `json:"maps"`
+}
+
+// PassSummary is a pass report's head.
+type PassSummary struct {
+	Started   time.Time `json:"started"`
+	Finished  time.Time `json:"finished"`
+	Result    string    `json:"result"`
+	Reason    string    `json:"reason,omitempty"`
+	DryRun    bool      `json:"dryRun"`
+	Reclaimed int       `json:"reclaimed"`
+	Failed    int       `json:"failed"`
+}
+
+// MapFill is how full one eBPF map is.
+type MapFill struct {
+	Name       string `json:"name"`
+	Rows       int    `json:"rows"`
+	MaxEntries uint32 `json:"maxEntries"`
+}
+
+// Status gathers readiness, the pass schedule, the last pass, the
+// inventory's health and how full each map is.
+func (a *Agent) Status(ctx context.Context) Status {
+	st := Status{Ready: true, Schedule: a.Reclaimer.Schedule(), Maps: []MapFill{}}
+	if err := a.Ready(ctx); err != nil {
+		st.Ready, st.Reason = false, err.Error()
+	}
+	if reps := a.Reclaimer.Reports(); len(reps) > 0 {
+		r := reps[0]
+		st.LastPass = &PassSummary{Started: r.Started, Finished: r.Finished, Result: r.Result, Reason: r.Reason,
+			DryRun: r.DryRun, Reclaimed: len(r.Reclaimed), Failed: len(r.Failed)}
+	}
+	if p, ok := a.Inventory.(inventory.Prover); ok {
+		st.InventoryProvenAt = p.ProvenAt()
+	}
+	if a.Datapath != nil {
+		for _, t := range a.Datapath.Tables() {
+			l := t.Layout()
+			fill := MapFill{Name: l.Name, MaxEntries: l.MaxEntries, Rows: -1} // -1: could not be counted
+			if rows, err := t.DumpAny(0); err == nil {
+				fill.Rows = len(rows)
+			}
+			st.Maps = append(st.Maps, fill)
+		}
+	}
+	return st
+}
+
 // MapView describes one eBPF map.
 type MapView struct {
 	datapath.Layout

@@ -18,6 +18,7 @@ package reclaim
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -164,6 +165,51 @@ func (r *Reclaimer) Stuck(now time.Time, after time.Duration) error {
 		return fmt.Errorf("%w: no pass started for %s (interval %s)", ErrStuck, now.Sub(r.loopTurned).Round(time.Second), r.loopInterval)
 	}
 	return nil
+}
+
+// Schedule says when passes run.
+type Schedule struct {
+	DryRun   bool
+	Interval time.Duration // 0: passes run only when forced
+	// NextDue is when Run starts its next pass; zero when passes run only
+	// when forced, or before Run has started.
+	NextDue time.Time
+}
+
+// scheduleJSON is Schedule on the wire: the interval as text ("1m0s"), as a
+// person and a flag write it.
+type scheduleJSON struct {
+	DryRun   bool      `json:"dryRun"`
+	Interval string    `json:"interval"`
+	NextDue  time.Time `json:"nextDue,omitzero"`
+}
+
+func (s Schedule) MarshalJSON() ([]byte, error) {
+	return json.Marshal(scheduleJSON{s.DryRun, s.Interval.String(), s.NextDue})
+}
+
+func (s *Schedule) UnmarshalJSON(b []byte) error {
+	var j scheduleJSON
+	if err := json.Unmarshal(b, &j); err != nil {
+		return err
+	}
+	d, err := time.ParseDuration(j.Interval)
+	if err != nil {
+		return fmt.Errorf("schedule interval: %w", err)
+	}
+	*s = Schedule{DryRun: j.DryRun, Interval: d, NextDue: j.NextDue}
+	return nil
+}
+
+// Schedule returns when passes run.
+func (r *Reclaimer) Schedule() Schedule {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s := Schedule{DryRun: r.cfg.DryRun, Interval: r.loopInterval}
+	if r.loopInterval > 0 {
+		s.NextDue = r.loopTurned.Add(r.loopInterval)
+	}
+	return s
 }
 
 // PassOptions modify one pass.

@@ -1,0 +1,309 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/datum-cloud/galactic-node/admin"
+	"github.com/datum-cloud/galactic-node/internal/envflag"
+)
+
+// clientCommands are the subcommands that talk to a running daemon over
+// its admin socket, as cilium-dbg does to cilium-agent.
+var clientCommands = map[string]bool{"status": true, "taps": true, "pending": true, "passes": true, "pass": true, "maps": true, "rows": true}
+
+// Exit codes of the client subcommands, for scripts.
+const (
+	exitOK         = 0 // done; for status, the daemon is ready
+	exitFailed     = 1 // the daemon could not be reached, or failed the request
+	exitUsage      = 2 // bad command line
+	exitRefused    = 3 // not authenticated or not allowed
+	exitNotDone    = 4 // status: the daemon is not ready; pass: it did not complete
+	exitRetryLater = 5 // rate-limited: forced passes per minute, or failed logins
+)
+
+const clientUsage = `usage: galactic-node COMMAND [flags]
+
+Talk to the node daemon over its admin socket. As root on the node no token
+is needed (the daemon reads the caller's uid from the socket); members of
+the daemon's --admin-read-group may read, or do what a --token-file's token
+allows. The socket admits no one else.
+
+commands:
+  status          version, node, dry-run, readiness, the last and next pass, the inventory, map fill
+  taps            every tenant tap and its state
+  pending         candidates waiting for a confirming pass
+  passes          recent pass reports
+  pass            force a pass now (admin); --dry-run removes nothing
+  maps            the eBPF maps
+  rows IFINDEX    the eBPF rows of one interface
+
+flags:
+  -o, --output table|json   output form (default table)
+  --socket PATH             admin socket (default /run/galactic/admin.sock)
+  --token-file PATH         a file holding a bearer token, for callers other than root
+  --timeout DURATION        give up after this long (default 30s; pass: 2m)
+
+exit codes: 0 done (status: ready), 1 failed or unreachable, 2 usage,
+3 refused, 4 not ready / pass not completed, 5 rate-limited`
+
+// runClient runs client subcommand cmd and returns the process's exit code.
+func runClient(ctx context.Context, cmd string, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("galactic-node "+cmd, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	var output, socket, tokenFile string
+	var timeout time.Duration
+	var dryRun bool
+	fs.StringVar(&output, "output", "table", "table or json")
+	fs.StringVar(&output, "o", "table", "table or json")
+	fs.StringVar(&socket, "socket", "/run/galactic/admin.sock", "admin socket")
+	fs.StringVar(&tokenFile, "token-file", "", "a file holding a bearer token")
+	fs.DurationVar(&timeout, "timeout", 0, "give up after this long")
+	if cmd == "pass" {
+		fs.BoolVar(&dryRun, "dry-run", false, "compute and report, remove nothing")
+	}
+	usageErr := func(format string, a ...any) int {
+		fmt.Fprintf(stderr, "galactic-node %s: %s\nRun 'galactic-node %s --help' for usage.\n", cmd, fmt.Sprintf(format, a...), cmd)
+		return exitUsage
+	}
+	// Flags may follow the arguments (rows 7 -o json), as operators type.
+	var positional []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				fmt.Fprintln(stdout, clientUsage)
+				return exitOK
+			}
+			return usageErr("%v", err)
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		positional = append(positional, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+	if err := envflag.Set(fs, os.LookupEnv); err != nil {
+		return usageErr("%v", err)
+	}
+	if output != "table" && output != "json" {
+		return usageErr("-o %q: want table or json", output)
+	}
+	path := map[string]string{"status": "/v1/status", "taps": "/v1/taps", "pending": "/v1/taps/pending",
+		"passes": "/v1/passes", "pass": "/v1/passes", "maps": "/v1/ebpf/maps"}[cmd]
+	switch {
+	case cmd == "rows" && len(positional) != 1:
+		return usageErr("rows takes one IFINDEX")
+	case cmd == "rows":
+		ifindex, err := strconv.ParseUint(positional[0], 10, 32)
+		if err != nil || ifindex == 0 {
+			return usageErr("IFINDEX %q: want an interface index above 0", positional[0])
+		}
+		path = "/v1/ebpf/interfaces/" + strconv.FormatUint(ifindex, 10)
+	case len(positional) > 0:
+		return usageErr("unexpected argument %q", positional[0])
+	}
+	if timeout <= 0 {
+		timeout = 30 * time.Second
+		if cmd == "pass" {
+			timeout = 2 * time.Minute // a removing pass reads the API server and takes locks
+		}
+	}
+	c := &client{socket: socket, timeout: timeout}
+	if tokenFile != "" {
+		b, err := os.ReadFile(tokenFile)
+		if err != nil {
+			fmt.Fprintf(stderr, "galactic-node %s: token: %v\n", cmd, err)
+			return exitFailed
+		}
+		c.token = strings.TrimSpace(string(b))
+	}
+
+	method, query := http.MethodGet, url.Values{}
+	if cmd == "pass" {
+		method = http.MethodPost
+		if dryRun {
+			query.Set("dryRun", "true")
+		}
+	}
+	// status and pass decide their exit code from what they read, so they
+	// always ask for JSON; the lists ask the daemon for its own table.
+	wantJSON := output == "json" || cmd == "status" || cmd == "pass"
+	code, body, err := c.do(ctx, method, path, query, wantJSON)
+	if errors.Is(err, syscall.EACCES) {
+		// The socket admits root and the daemon's read group only.
+		fmt.Fprintf(stderr, "galactic-node %s: not allowed to connect to %s: run as root, or as a member of the daemon's --admin-read-group\n", cmd, socket)
+		return exitRefused
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "galactic-node %s: %v\n", cmd, err)
+		return exitFailed
+	}
+	if code != http.StatusOK {
+		var e struct{ Error string }
+		if json.Unmarshal(body, &e) != nil || e.Error == "" {
+			e.Error = strings.TrimSpace(string(body))
+		}
+		fmt.Fprintf(stderr, "galactic-node %s: %s: %s\n", cmd, http.StatusText(code), e.Error)
+		switch code {
+		case http.StatusUnauthorized, http.StatusForbidden:
+			return exitRefused
+		case http.StatusTooManyRequests:
+			return exitRetryLater
+		}
+		return exitFailed
+	}
+	switch cmd {
+	case "status":
+		return printStatus(stdout, stderr, body, output)
+	case "pass":
+		return printPass(stdout, stderr, body, output)
+	}
+	if output == "json" {
+		return printJSON(stdout, stderr, body)
+	}
+	_, _ = stdout.Write(body)
+	return exitOK
+}
+
+// client speaks HTTP to the admin socket.
+type client struct {
+	socket, token string
+	timeout       time.Duration
+}
+
+func (c *client) do(ctx context.Context, method, path string, query url.Values, wantJSON bool) (int, []byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
+	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", c.socket)
+	}}}
+	u := url.URL{Scheme: "http", Host: "node", Path: path, RawQuery: query.Encode()}
+	req, err := http.NewRequestWithContext(ctx, method, u.String(), nil)
+	if err != nil {
+		return 0, nil, err
+	}
+	if wantJSON {
+		req.Header.Set("Accept", "application/json")
+	} else {
+		req.Header.Set("Accept", "text/plain")
+	}
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return 0, nil, fmt.Errorf("%s %s on %s: %w", method, path, c.socket, err)
+	}
+	defer resp.Body.Close()
+	// The largest answer is a map dump of 10,000 rows.
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return 0, nil, fmt.Errorf("%s %s: read answer: %w", method, path, err)
+	}
+	return resp.StatusCode, body, nil
+}
+
+func printJSON(stdout, stderr io.Writer, body []byte) int {
+	var buf bytes.Buffer
+	if err := json.Indent(&buf, body, "", "  "); err != nil {
+		fmt.Fprintf(stderr, "galactic-node: the daemon's answer is not JSON: %v\n", err)
+		return exitFailed
+	}
+	buf.WriteByte('\n')
+	_, _ = buf.WriteTo(stdout)
+	return exitOK
+}
+
+func printStatus(stdout, stderr io.Writer, body []byte, output string) int {
+	var st admin.Status
+	if err := json.Unmarshal(body, &st); err != nil {
+		fmt.Fprintf(stderr, "galactic-node status: the daemon's answer does not parse: %v\n", err)
+		return exitFailed
+	}
+	if output == "json" {
+		if code := printJSON(stdout, stderr, body); code != exitOK {
+			return code
+		}
+	} else {
+		admin.WriteStatus(stdout, st, time.Now())
+	}
+	if !st.Ready {
+		return exitNotDone
+	}
+	return exitOK
+}
+
+// passReport is what the pass subcommand reads of a report.
+type passReport struct {
+	Result       string   `json:"result"`
+	Reason       string   `json:"reason"`
+	DryRun       bool     `json:"dryRun"`
+	Candidates   []any    `json:"candidates"`
+	Confirmed    []any    `json:"confirmed"`
+	WouldReclaim []tapRef `json:"wouldReclaim"`
+	Reclaimed    []tapRef `json:"reclaimed"`
+	Failed       []struct {
+		Tap   tapRef `json:"tap"`
+		Stage string `json:"stage"`
+		Error string `json:"error"`
+	} `json:"failed"`
+	RolledOver int `json:"rolledOver"`
+}
+
+type tapRef struct {
+	Name    string `json:"name"`
+	Ifindex uint32 `json:"ifindex"`
+}
+
+func printPass(stdout, stderr io.Writer, body []byte, output string) int {
+	var rep passReport
+	if err := json.Unmarshal(body, &rep); err != nil {
+		fmt.Fprintf(stderr, "galactic-node pass: the daemon's answer does not parse: %v\n", err)
+		return exitFailed
+	}
+	if output == "json" {
+		if code := printJSON(stdout, stderr, body); code != exitOK {
+			return code
+		}
+	} else {
+		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "RESULT\tDRY RUN\tCANDIDATES\tCONFIRMED\tRECLAIMED\tWOULD RECLAIM\tFAILED\tROLLED OVER\tREASON")
+		fmt.Fprintf(tw, "%s\t%t\t%d\t%d\t%d\t%d\t%d\t%d\t%s\n", rep.Result, rep.DryRun, len(rep.Candidates), len(rep.Confirmed),
+			len(rep.Reclaimed), len(rep.WouldReclaim), len(rep.Failed), rep.RolledOver, dashed(strconv.Quote(rep.Reason)))
+		_ = tw.Flush()
+		for _, t := range rep.Reclaimed {
+			fmt.Fprintf(stdout, "reclaimed %s (ifindex %d)\n", t.Name, t.Ifindex)
+		}
+		for _, t := range rep.WouldReclaim {
+			fmt.Fprintf(stdout, "would reclaim %s (ifindex %d)\n", t.Name, t.Ifindex)
+		}
+		for _, f := range rep.Failed {
+			fmt.Fprintf(stdout, "failed %s (ifindex %d) at %s: %q\n", f.Tap.Name, f.Tap.Ifindex, f.Stage, f.Error)
+		}
+	}
+	if rep.Result != "completed" {
+		return exitNotDone
+	}
+	return exitOK
+}
+
+func dashed(s string) string {
+	if s == `""` {
+		return "-"
+	}
+	return s
+}
