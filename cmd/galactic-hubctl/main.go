@@ -10,7 +10,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -28,30 +27,40 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/datum-cloud/galactic-node/hubctl"
+	"github.com/datum-cloud/galactic-node/internal/buildinfo"
+	"github.com/datum-cloud/galactic-node/internal/cli"
 	"github.com/datum-cloud/galactic-node/internal/envflag"
+	"github.com/datum-cloud/galactic-node/internal/logging"
 )
 
+// version is set at build time with -ldflags "-X main.version=...".
 var version = "dev"
+
+const prog = "galactic-hubctl"
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	code := cli.Exit(os.Stderr, prog, runEnv(ctx, os.Args[1:], os.Environ(), os.Stdout, os.Stderr))
 	stop()
-	if err != nil && !errors.Is(err, flag.ErrHelp) {
-		fmt.Fprintln(os.Stderr, "galactic-hubctl: "+err.Error())
-		os.Exit(1)
+	os.Exit(code)
+}
+
+// runEnv runs the controller with the environment environ (os.Environ's
+// form), so that tests set GALACTIC_* without touching the process's.
+func runEnv(ctx context.Context, args, environ []string, stdout, stderr io.Writer) error {
+	if len(args) > 0 {
+		switch args[0] {
+		case "version", "--version", "-version":
+			if len(args) > 1 {
+				return cli.Misuse(prog, fmt.Errorf("%s takes no arguments", args[0]))
+			}
+			fmt.Fprintln(stdout, buildinfo.Version(version))
+			return nil
+		case "help":
+			args = []string{"--help"}
+		}
 	}
-}
-
-func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	return runEnv(ctx, args, os.LookupEnv, stdout, stderr)
-}
-
-// runEnv is run with the environment read through lookupEnv, so that tests
-// set GALACTIC_* without touching the process's environment.
-func runEnv(ctx context.Context, args []string, lookupEnv func(string) (string, bool), stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("galactic-hubctl", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := flag.NewFlagSet(prog, flag.ContinueOnError)
 	kubeconfig := fs.String("kubeconfig", "", "kubeconfig file (default: in-cluster configuration)")
 	platform := fs.String("platform-namespace", "", "the platform's one namespace, where fabric-identity claims live (required)")
 	className := fs.String("class-name", "", "address class of the claims (default: the address service's)")
@@ -74,26 +83,19 @@ func runEnv(ctx context.Context, args []string, lookupEnv func(string) (string, 
 		"how long the leader tries to renew before it gives up leading; shorter than the lease duration")
 	retryPeriod := fs.Duration("leader-elect-retry-period", hubctl.DefaultLeaseTiming.RetryPeriod,
 		"how often instances try to acquire or renew the Lease")
-	showVersion := fs.Bool("version", false, "print the version and exit")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if err := envflag.Set(fs, lookupEnv); err != nil {
+	synopsis := prog + " --platform-namespace NS [flags]\n       " + prog + " version | --version"
+	if err := cli.Parse(fs, synopsis, args, environ, envflag.Names(fs), stdout); err != nil {
 		return err
 	}
 	if *qps <= 0 || *burst <= 0 {
-		return fmt.Errorf("--kube-api-qps %v and --kube-api-burst %d: want both above 0", *qps, *burst)
+		return cli.Misuse(prog, fmt.Errorf("--kube-api-qps %v and --kube-api-burst %d: want both above 0", *qps, *burst))
 	}
 	timing := hubctl.LeaseTiming{Duration: *leaseDuration, RenewDeadline: *renewDeadline, RetryPeriod: *retryPeriod}
 	if err := timing.Validate(); err != nil {
-		return err
-	}
-	if *showVersion {
-		fmt.Fprintln(stdout, version)
-		return nil
+		return cli.Misuse(prog, err)
 	}
 	if *platform == "" {
-		return errors.New("--platform-namespace is required")
+		return cli.Misuse(prog, errors.New("--platform-namespace is required"))
 	}
 	if *leaseNS == "" {
 		*leaseNS = *platform
@@ -105,23 +107,15 @@ func runEnv(ctx context.Context, args []string, lookupEnv func(string) (string, 
 		}
 		*id = h
 	}
-	var lvl slog.Level
-	if err := lvl.UnmarshalText([]byte(*logLevel)); err != nil {
-		return fmt.Errorf("--log-level %q: %w", *logLevel, err)
-	}
-	var log *slog.Logger
-	switch *logFormat {
-	case "json":
-		log = slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: lvl}))
-	case "text":
-		log = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: lvl}))
-	default:
-		return fmt.Errorf("--log-format %q: want json or text", *logFormat)
+	log, err := logging.New(stderr, *logFormat, *logLevel)
+	if err != nil {
+		return cli.Misuse(prog, err)
 	}
 	log = log.With("id", *id)
+	// client-go's informers and leader election log through klog.
+	logging.RouteKlog(log)
 
 	var cfg *rest.Config
-	var err error
 	if *kubeconfig != "" {
 		cfg, err = clientcmd.BuildConfigFromFlags("", *kubeconfig)
 	} else {
@@ -141,7 +135,8 @@ func runEnv(ctx context.Context, args []string, lookupEnv func(string) (string, 
 	}
 
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		buildinfo.Collector(buildinfo.Version(version)))
 	metrics, err := hubctl.NewMetrics(reg)
 	if err != nil {
 		return err
@@ -186,9 +181,9 @@ func runEnv(ctx context.Context, args []string, lookupEnv func(string) (string, 
 		log.Info("serving metrics and health", "address", l.Addr().String())
 	}
 
-	log.Info("galactic-hubctl starting", "version", version, "platform_namespace", *platform, "lease", *leaseNS+"/"+*leaseName,
-		"kube_api_qps", cfg.QPS, "kube_api_burst", cfg.Burst, "lease_duration", timing.Duration.String(),
-		"renew_deadline", timing.RenewDeadline.String(), "retry_period", timing.RetryPeriod.String())
+	log.Info("galactic-hubctl starting", "version", buildinfo.Version(version), "platform_namespace", *platform, "lease", *leaseNS+"/"+*leaseName,
+		"kube_api_qps", cfg.QPS, "kube_api_burst", cfg.Burst, "lease_duration", timing.Duration,
+		"renew_deadline", timing.RenewDeadline, "retry_period", timing.RetryPeriod)
 	err = hubctl.RunAsLeader(ctx, cs, *leaseNS, *leaseName, *id, timing, func(lctx context.Context) {
 		log.Info("leading: reconciling")
 		if !cache.WaitForCacheSync(lctx.Done(), networks.HasSynced, claims.HasSynced) {

@@ -22,8 +22,12 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(clustertest.Main(m)) }
 
-func env(kv map[string]string) func(string) (string, bool) {
-	return func(k string) (string, bool) { v, ok := kv[k]; return v, ok }
+func env(kv map[string]string) []string {
+	var environ []string
+	for k, v := range kv {
+		environ = append(environ, k+"="+v)
+	}
+	return environ
 }
 
 // Bad values are refused before anything connects, naming the flag or the

@@ -6,77 +6,89 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/datum-cloud/galactic-node/internal/buildinfo"
+	"github.com/datum-cloud/galactic-node/internal/cli"
+	"github.com/datum-cloud/galactic-node/internal/envflag"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
 var version = "dev"
 
+const prog = "galactic-node"
+
 func main() {
-	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	code := run(ctx, os.Args[1:], os.Environ(), os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
 }
 
-func run(args []string, stdout, stderr io.Writer) int {
+// run runs the command of args with the environment environ and returns
+// the process's exit code (see internal/cli).
+func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
-		fmt.Fprintln(stderr, usage)
-		return 2
+		return cli.Exit(stderr, prog, cli.Misuse(prog, errors.New("no command given")))
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
 	var err error
 	switch args[0] {
 	case "run":
-		err = runDaemon(ctx, args[1:], stderr)
+		err = runDaemon(ctx, args[1:], environ, stdout, stderr)
 	case "tap":
-		err = runTap(ctx, args[1:], stdout, stderr)
+		err = runTap(ctx, args[1:], environ, stdout, stderr)
 	case "install-cni":
-		err = runInstallCNI(ctx, args[1:], stderr)
-	case "version":
-		fmt.Fprintln(stdout, version)
-		return 0
-	case "help", "-h", "--help":
+		err = runInstallCNI(ctx, args[1:], environ, stdout, stderr)
+	case "version", "--version", "-version":
+		if len(args) > 1 {
+			err = cli.Misuse(prog, fmt.Errorf("%s takes no arguments", args[0]))
+			break
+		}
+		fmt.Fprintln(stdout, buildinfo.Version(version))
+	case "help", "-h", "--help", "-help":
+		if len(args) > 1 && args[1] != "help" {
+			// galactic-node help run: the command's own usage.
+			return run(ctx, []string{args[1], "--help"}, environ, stdout, stderr)
+		}
 		fmt.Fprintln(stdout, usage)
-		return 0
 	default:
-		fmt.Fprintf(stderr, "unknown command %q\n%s\n", args[0], usage)
-		return 2
+		if clientCommands[args[0]] {
+			return runClient(ctx, args[0], args[1:], stdout, stderr)
+		}
+		err = cli.Misuse(prog, fmt.Errorf("unknown command %q", args[0]))
 	}
-	if errors.Is(err, flag.ErrHelp) {
-		return 0
+	return cli.Exit(stderr, prog, err)
+}
+
+// knownEnv is the GALACTIC_* variable of every flag of every command: one
+// environment often serves several of them (the DaemonSet's init container
+// runs install-cni, its main container run), so a variable meant for a
+// sibling command is not a mistake.
+func knownEnv() map[string]bool {
+	var c installCNIFlags
+	known := envflag.Names(daemonFlagSet(&daemonFlags{}), installCNIFlagSet(&c), tapFlagSet("add", &tapFlags{}))
+	// The client commands' flags (client.go), until client.go gives its
+	// flag set a constructor of its own to list here.
+	for _, f := range []string{"output", "o", "socket", "token-file", "timeout", "dry-run"} {
+		known[envflag.Name(f)] = true
 	}
-	if err != nil {
-		fmt.Fprintln(stderr, "galactic-node: "+err.Error())
-		return 1
-	}
-	return 0
+	return known
 }
 
 const usage = `usage: galactic-node <command> [flags]
 
 commands:
-  run          run the node daemon (galactic-node run -h for its flags)
+  run          run the node daemon
   install-cni  install the CNI plugin and conflist into the host's CNI folders, atomically
-               (galactic-node install-cni -h for its flags)
   tap          add or delete a tenant tap as CNI ADD/DEL would, for labs and the demo
-  version      print the version`
+  status, taps, pending, passes, pass [--dry-run], maps, rows IFINDEX
+               talk to the running daemon over its admin socket
+  version      print the version (also --version)
+  help         print this (also -h, --help); galactic-node <command> --help for a command's flags
 
-func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
-	var lvl slog.Level
-	if err := lvl.UnmarshalText([]byte(level)); err != nil {
-		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
-	}
-	opts := &slog.HandlerOptions{Level: lvl}
-	switch format {
-	case "json":
-		return slog.New(slog.NewJSONHandler(w, opts)), nil
-	case "text":
-		return slog.New(slog.NewTextHandler(w, opts)), nil
-	}
-	return nil, fmt.Errorf("--log-format %q: want json or text", format)
-}
+Every flag can also be set as GALACTIC_<FLAG> (upper case, dashes as
+underscores); a GALACTIC_* variable that is no command's flag is an error.`

@@ -9,6 +9,7 @@ import (
 	"net/netip"
 
 	"github.com/datum-cloud/galactic-node/ebpf/datapath"
+	"github.com/datum-cloud/galactic-node/internal/cli"
 	"github.com/datum-cloud/galactic-node/node/attachreg"
 	"github.com/datum-cloud/galactic-node/node/identity"
 	"github.com/datum-cloud/galactic-node/node/link"
@@ -42,43 +43,64 @@ func (p *portList) Set(s string) error {
 	return nil
 }
 
+// tapFlags are the flags of galactic-node tap add|del|hold.
+type tapFlags struct {
+	vpc, att, owner, bpffs, lockDir, master, gw4 string
+	table, mtu                                   uint
+	routes                                       prefixList
+	ports                                        portList
+}
+
+// tapFlagSet defines the flags of galactic-node tap verb into t.
+func tapFlagSet(verb string, t *tapFlags) *flag.FlagSet {
+	fs := flag.NewFlagSet("galactic-node tap "+verb, flag.ContinueOnError)
+	fs.StringVar(&t.vpc, "vpc", "", "VPC identifier, base62")
+	fs.StringVar(&t.att, "attachment", "", "attachment identifier, base62")
+	fs.StringVar(&t.owner, "owner", "", "owner stamp (container ID)")
+	fs.StringVar(&t.bpffs, "bpffs", "/sys/fs/bpf", "bpf filesystem")
+	fs.StringVar(&t.lockDir, "vrf-lock-dir", vrf.DefaultDir, "per-VRF lock folder")
+	fs.UintVar(&t.table, "table", 1000, "the VRF's routing table")
+	fs.StringVar(&t.master, "master", "vrf", "vrf, or bridge where the kernel has no VRF support")
+	fs.UintVar(&t.mtu, "mtu", 0, "MTU (0: kernel default)")
+	fs.Var(&t.routes, "route", "a route through the tap (repeatable; from the environment, one)")
+	fs.StringVar(&t.gw4, "gateway4", "", "the tenant gateway's IPv4 address")
+	fs.Var(&t.ports, "host-port", "a host-only port, tcp/N or udp/N (repeatable; from the environment, one)")
+	return fs
+}
+
+const tapSynopsis = "galactic-node tap add|del|hold --vpc V --attachment A [--owner ID] [flags]"
+
 // runTap adds or deletes a tenant tap the way CNI ADD and DEL do (the same
 // lock, tap lifecycle and registry), for labs and the demo. The CNI plugin
 // is the production path.
-func runTap(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 || (args[0] != "add" && args[0] != "del" && args[0] != "hold") {
-		return errors.New("usage: galactic-node tap add|del|hold --vpc V --attachment A [--owner ID] [flags]")
+func runTap(ctx context.Context, args, environ []string, stdout, stderr io.Writer) error {
+	if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "-help" || args[0] == "help") {
+		cli.PrintUsage(stdout, tapFlagSet("add", &tapFlags{}), tapSynopsis)
+		return flag.ErrHelp
+	}
+	if len(args) == 0 {
+		return cli.Misuse("galactic-node tap", errors.New("tap needs add, del or hold"))
+	}
+	if args[0] != "add" && args[0] != "del" && args[0] != "hold" {
+		return cli.Misuse("galactic-node tap", fmt.Errorf("tap %q: want add, del or hold", args[0]))
 	}
 	verb := args[0]
-	fs := flag.NewFlagSet("galactic-node tap "+verb, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	vpc := fs.String("vpc", "", "VPC identifier, base62")
-	att := fs.String("attachment", "", "attachment identifier, base62")
-	owner := fs.String("owner", "", "owner stamp (container ID)")
-	bpffs := fs.String("bpffs", "/sys/fs/bpf", "bpf filesystem")
-	lockDir := fs.String("vrf-lock-dir", vrf.DefaultDir, "per-VRF lock folder")
-	table := fs.Uint("table", 1000, "the VRF's routing table")
-	master := fs.String("master", "vrf", "vrf, or bridge where the kernel has no VRF support")
-	mtu := fs.Uint("mtu", 0, "MTU (0: kernel default)")
-	var routes prefixList
-	fs.Var(&routes, "route", "a route through the tap (repeatable)")
-	gw4 := fs.String("gateway4", "", "the tenant gateway's IPv4 address")
-	var ports portList
-	fs.Var(&ports, "host-port", "a host-only port, tcp/N or udp/N (repeatable)")
-	if err := fs.Parse(args[1:]); err != nil {
+	var t tapFlags
+	fs := tapFlagSet(verb, &t)
+	if err := cli.Parse(fs, tapSynopsis, args[1:], environ, knownEnv(), stdout); err != nil {
 		return err
 	}
-	id, err := identity.ParseBase62(*vpc, *att)
+	id, err := identity.ParseBase62(t.vpc, t.att)
 	if err != nil {
-		return fmt.Errorf("--vpc/--attachment: %w", err)
+		return cli.Misuse(fs.Name(), fmt.Errorf("--vpc/--attachment: %w", err))
 	}
 	if verb == "hold" {
 		return holdTap(ctx, id, stdout)
 	}
-	if *owner == "" {
-		return errors.New("--owner is required")
+	if t.owner == "" {
+		return cli.Misuse(fs.Name(), errors.New("--owner is required"))
 	}
-	locks, err := vrf.NewLocker(*lockDir)
+	locks, err := vrf.NewLocker(t.lockDir)
 	if err != nil {
 		return err
 	}
@@ -87,7 +109,7 @@ func runTap(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return err
 	}
 	defer conn.Close()
-	dp, err := datapath.Load(*bpffs)
+	dp, err := datapath.Load(t.bpffs)
 	if err != nil {
 		return err
 	}
@@ -96,7 +118,7 @@ func runTap(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	taps := tap.NewManager(nil, conn, nil)
 
 	if verb == "del" {
-		return tapDel(ctx, conn, reg, locks, id, *owner, stdout)
+		return tapDel(ctx, conn, reg, locks, id, t.owner, stdout)
 	}
 	unlock, err := locks.Lock(ctx, id.VPC)
 	if err != nil {
@@ -105,35 +127,35 @@ func runTap(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	defer unlock()
 
 	kind := tap.MasterVRF
-	switch *master {
+	switch t.master {
 	case "vrf":
 	case "bridge":
 		kind = tap.MasterBridge
 	default:
-		return fmt.Errorf("--master %q: want vrf or bridge", *master)
+		return cli.Misuse(fs.Name(), fmt.Errorf("--master %q: want vrf or bridge", t.master))
 	}
 	var gw datapath.Gateway
-	if *gw4 != "" {
-		if gw.IPv4, err = netip.ParseAddr(*gw4); err != nil {
-			return fmt.Errorf("--gateway4: %w", err)
+	if t.gw4 != "" {
+		if gw.IPv4, err = netip.ParseAddr(t.gw4); err != nil {
+			return cli.Misuse(fs.Name(), fmt.Errorf("--gateway4: %w", err))
 		}
 	}
-	res, err := taps.Create(ctx, tap.Config{Identity: id, Owner: *owner, MTU: uint32(*mtu), Master: kind, Table: uint32(*table), Routes: routes})
+	res, err := taps.Create(ctx, tap.Config{Identity: id, Owner: t.owner, MTU: uint32(t.mtu), Master: kind, Table: uint32(t.table), Routes: t.routes})
 	if err != nil {
 		return err
 	}
 	err = reg.RegisterInterface(ctx, res.Tap.Index, attachreg.Registration{
-		Identity: id, Table: uint32(*table), Egress: datapath.EgressTap,
+		Identity: id, Table: uint32(t.table), Egress: datapath.EgressTap,
 		Policy:  datapath.Policy{Generation: 1, DefaultAction: datapath.ActionAllow},
-		Gateway: gw, HostOnlyPorts: ports,
+		Gateway: gw, HostOnlyPorts: t.ports,
 	})
 	if err != nil {
 		if !res.Adopted {
-			_ = taps.Delete(context.WithoutCancel(ctx), id, *owner)
+			_ = taps.Delete(context.WithoutCancel(ctx), id, t.owner)
 		}
 		return err
 	}
-	fmt.Fprintf(stdout, "%s ifindex %d owner %s adopted=%v\n", res.Tap.Name, res.Tap.Index, *owner, res.Adopted)
+	fmt.Fprintf(stdout, "%s ifindex %d owner %s adopted=%v\n", res.Tap.Name, res.Tap.Index, t.owner, res.Adopted)
 	return nil
 }
 
