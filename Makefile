@@ -93,7 +93,7 @@ monitoring:
 	hack/monitoring.sh
 
 test-unit:
-	GALACTIC_SKIP_PRIVILEGED=1 $(GO) test -count=1 $(PKGS)
+	GALACTICTEST_SKIP_PRIVILEGED=1 $(GO) test -count=1 $(PKGS)
 
 # Each fuzz target runs a bounded number of executions on top of its
 # committed corpus (testdata/fuzz). FUZZTARGETS: "<target> <package> <execs>".

@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PATH:/usr/local/go/bin"
 VERSION=${PROMTOOL_VERSION:-$(go list -m -f '{{.Version}}' github.com/prometheus/prometheus)}
-CACHE=${GALACTIC_PROMTOOL_CACHE:-/var/cache/galactic-node/promtool}
+CACHE=${GALACTICTEST_PROMTOOL_CACHE:-/var/cache/galactic-node/promtool}
 OUT="$CACHE/$VERSION"
 
 if [ -x "$OUT/promtool" ]; then

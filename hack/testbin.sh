@@ -9,7 +9,7 @@ set -euo pipefail
 K8S_VERSION=${K8S_VERSION:-1.37.2}
 ETCD_VERSION=${ETCD_VERSION:-3.6.16}
 STAGING_VERSION=0.${K8S_VERSION#1.}
-CACHE=${GALACTIC_TESTBIN_CACHE:-/var/cache/galactic-node/testbin}
+CACHE=${GALACTICTEST_TESTBIN_CACHE:-/var/cache/galactic-node/testbin}
 OUT="$CACHE/k8s-$K8S_VERSION-etcd-$ETCD_VERSION"
 export PATH="$PATH:/usr/local/go/bin"
 export GOFLAGS=-mod=mod

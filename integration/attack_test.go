@@ -903,7 +903,7 @@ func TestTheAdminSocketPathIsChecked(t *testing.T) {
 // hookMarkers are what a test hook leaves in a binary: the hang seam's
 // environment variable, and the names of every switch that once sat in a
 // product struct.
-var hookMarkers = []string{"GALACTIC_TEST_", "AfterLinks", "deleteFault", "ignoreHeld", "ignoreCarried",
+var hookMarkers = []string{"GALACTICTEST_", "AfterLinks", "deleteFault", "ignoreHeld", "ignoreCarried",
 	"BreakDirectRead", "BreakRetainCheck", "BreakRelease", "retainCheck", "directRead", "hangAfterLinks"}
 
 // TestProductBinariesCarryNoTestHooks builds the three product binaries as
@@ -937,7 +937,7 @@ func TestProductBinariesCarryNoTestHooks(t *testing.T) {
 			t.Errorf("%s carries test hooks: %q", filepath.Base(bin), hits)
 		}
 	}
-	if hits := found(hookedBinary); !regexp.MustCompile(`GALACTIC_TEST_`).MatchString(strings.Join(hits, " ")) {
+	if hits := found(hookedBinary); !regexp.MustCompile(`GALACTICTEST_`).MatchString(strings.Join(hits, " ")) {
 		t.Errorf("the daemon built with -tags galactic_testhooks shows %q: the detector does not see the hook", hits)
 	}
 }

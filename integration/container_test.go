@@ -42,7 +42,7 @@ import (
 
 // imageDir holds the archives `make images` writes.
 func imageDir() string {
-	if d := os.Getenv("GALACTIC_IMAGE_DIR"); d != "" {
+	if d := os.Getenv("GALACTICTEST_IMAGE_DIR"); d != "" {
 		return d
 	}
 	return "../bin"

@@ -11,7 +11,7 @@ import (
 
 // TestADaemonKilledMidRemovalRestartsCleanly kills the daemon with SIGKILL
 // after it deleted a stale tap's link and before it cleared the tap's rows
-// (the test seam GALACTIC_TEST_HANG_AFTER_LINKS, compiled only into the
+// (the test seam GALACTICTEST_HANG_AFTER_LINKS, compiled only into the
 // daemon built with -tags galactic_testhooks, holds it there). The link
 // goes first, so no tap is ever left existing without its rows and program;
 // what is left is rows keyed by an ifindex no link has. A new daemon starts
@@ -27,7 +27,7 @@ func TestADaemonKilledMidRemovalRestartsCleanly(t *testing.T) {
 	live, stale := n.ifindex("G00000000a001H"), n.ifindex("G00000000a003H")
 	marker := filepath.Join(n.dir, "links-deleted")
 
-	t.Setenv("GALACTIC_TEST_HANG_AFTER_LINKS", marker)
+	t.Setenv("GALACTICTEST_HANG_AFTER_LINKS", marker)
 	n.bin = hookedBinary // the seam exists only in a galactic_testhooks build
 	first, log := n.start("--inventory-file", inv)
 	n.waitReady(log)
@@ -58,7 +58,7 @@ func TestADaemonKilledMidRemovalRestartsCleanly(t *testing.T) {
 		t.Fatal("the stale tap exists although the daemon was killed after deleting its link")
 	}
 
-	t.Setenv("GALACTIC_TEST_HANG_AFTER_LINKS", "")
+	t.Setenv("GALACTICTEST_HANG_AFTER_LINKS", "")
 	n.bin = "" // the product daemon restarts
 	_, log2 := n.start("--inventory-file", inv)
 	n.waitReady(log2)

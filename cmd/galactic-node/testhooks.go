@@ -21,7 +21,7 @@ import (
 // that has deleted its links and comes to clear their rows writes the
 // marker and hangs, so that the restart test can SIGKILL the daemon between
 // a tap's link and its rows.
-const hangAfterLinksEnv = "GALACTIC_TEST_HANG_AFTER_LINKS"
+const hangAfterLinksEnv = "GALACTICTEST_HANG_AFTER_LINKS"
 
 func reclaimRegistry(reg *attachreg.Registry, log *slog.Logger) reclaim.Registry {
 	marker := os.Getenv(hangAfterLinksEnv)

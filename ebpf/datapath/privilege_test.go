@@ -12,7 +12,7 @@ import (
 
 // loadAsDaemonEnv names the bpffs a re-executed test binary loads into,
 // holding only the daemon's capabilities.
-const loadAsDaemonEnv = "GALACTIC_TEST_LOAD_AS_DAEMON"
+const loadAsDaemonEnv = "GALACTICTEST_LOAD_AS_DAEMON"
 
 // The DaemonSet grants CAP_BPF and CAP_NET_ADMIN only. Without CAP_PERFMON
 // the verifier refuses packet pointer arithmetic by a variable offset and

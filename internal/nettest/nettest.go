@@ -28,7 +28,7 @@ import (
 )
 
 // SkipPrivilegedEnv, set to 1, skips privileged tests (make test-unit).
-const SkipPrivilegedEnv = "GALACTIC_SKIP_PRIVILEGED"
+const SkipPrivilegedEnv = "GALACTICTEST_SKIP_PRIVILEGED"
 
 // RequirePrivileged skips t unless it runs as root, with a message that says
 // how to run it. Under CI=true it never skips: a CI run that cannot run a

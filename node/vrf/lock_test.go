@@ -16,8 +16,8 @@ import (
 )
 
 const (
-	helperEnv    = "GALACTIC_VRF_LOCK_HELPER_DIR"
-	helperVPCEnv = "GALACTIC_VRF_LOCK_HELPER_VPC"
+	helperEnv    = "GALACTICTEST_VRF_LOCK_HELPER_DIR"
+	helperVPCEnv = "GALACTICTEST_VRF_LOCK_HELPER_VPC"
 )
 
 // TestMain lets the test binary act as a second process that holds a lock
