@@ -165,6 +165,16 @@ func TestTheCLIsUsageErrorsAndAMissingDaemon(t *testing.T) {
 			t.Errorf("%v: exit %d, stderr %q; want 2, one line and a hint", args, code, errOut)
 		}
 	}
+	// The binary's conventions hold for the client too: help on stdout,
+	// an unknown GALACTIC_* variable is a usage error.
+	if out, err := exec.Command(s.bin, "status", "--help").Output(); err != nil || !strings.Contains(string(out), "exit codes") {
+		t.Errorf("status --help: %v %q", err, out)
+	}
+	cmd := exec.Command(s.bin, "status", "--socket", s.n.socket)
+	cmd.Env = append(os.Environ(), "GALACTIC_SOCKETT=/x")
+	if out, err := cmd.CombinedOutput(); cmd.ProcessState.ExitCode() != 2 || !strings.Contains(string(out), "GALACTIC_SOCKETT") {
+		t.Errorf("an unknown GALACTIC_* variable: exit %d %v %q, want 2 naming it", cmd.ProcessState.ExitCode(), err, out)
+	}
 	code, _, errOut := s.run(t, 0, nil, "status", "--socket", filepath.Join(t.TempDir(), "none.sock"))
 	if code != 1 || !strings.Contains(errOut, "none.sock") {
 		t.Errorf("no daemon: exit %d %q, want 1 naming the socket", code, errOut)

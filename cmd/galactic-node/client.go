@@ -61,21 +61,36 @@ flags:
 exit codes: 0 done (status: ready), 1 failed or unreachable, 2 usage,
 3 refused, 4 not ready / pass not completed, 5 rate-limited`
 
-// runClient runs client subcommand cmd and returns the process's exit code.
-func runClient(ctx context.Context, cmd string, args []string, stdout, stderr io.Writer) int {
+// clientOpts are the client subcommands' flags.
+type clientOpts struct {
+	output            string
+	socket, tokenFile *string
+	timeout           *time.Duration
+	dryRun            *bool
+}
+
+// clientFlagSet is the flag set of client subcommand cmd; main.go lists
+// its flags among the known GALACTIC_* variables.
+func clientFlagSet(cmd string, o *clientOpts) *flag.FlagSet {
 	fs := flag.NewFlagSet("galactic-node "+cmd, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	var output, socket, tokenFile string
-	var timeout time.Duration
-	var dryRun bool
-	fs.StringVar(&output, "output", "table", "table or json")
-	fs.StringVar(&output, "o", "table", "table or json")
-	fs.StringVar(&socket, "socket", "/run/galactic/admin.sock", "admin socket")
-	fs.StringVar(&tokenFile, "token-file", "", "a file holding a bearer token")
-	fs.DurationVar(&timeout, "timeout", 0, "give up after this long")
+	fs.StringVar(&o.output, "output", "table", "table or json")
+	fs.StringVar(&o.output, "o", "table", "table or json")
+	o.socket = fs.String("socket", "/run/galactic/admin.sock", "admin socket")
+	o.tokenFile = fs.String("token-file", "", "a file holding a bearer token")
+	o.timeout = fs.Duration("timeout", 0, "give up after this long")
+	o.dryRun = new(bool)
 	if cmd == "pass" {
-		fs.BoolVar(&dryRun, "dry-run", false, "compute and report, remove nothing")
+		fs.BoolVar(o.dryRun, "dry-run", false, "compute and report, remove nothing")
 	}
+	return fs
+}
+
+// runClient runs client subcommand cmd and returns the process's exit code.
+func runClient(ctx context.Context, cmd string, args []string, stdout, stderr io.Writer) int {
+	var o clientOpts
+	fs := clientFlagSet(cmd, &o)
+	socket, tokenFile, timeout, dryRun := o.socket, o.tokenFile, o.timeout, o.dryRun
 	usageErr := func(format string, a ...any) int {
 		fmt.Fprintf(stderr, "galactic-node %s: %s\nRun 'galactic-node %s --help' for usage.\n", cmd, fmt.Sprintf(format, a...), cmd)
 		return exitUsage
@@ -96,9 +111,13 @@ func runClient(ctx context.Context, cmd string, args []string, stdout, stderr io
 		positional = append(positional, fs.Arg(0))
 		args = fs.Args()[1:]
 	}
+	if err := envflag.Unknown(os.Environ(), knownEnv()); err != nil {
+		return usageErr("%v", err)
+	}
 	if err := envflag.Set(fs, os.LookupEnv); err != nil {
 		return usageErr("%v", err)
 	}
+	output := o.output
 	if output != "table" && output != "json" {
 		return usageErr("-o %q: want table or json", output)
 	}
@@ -116,15 +135,15 @@ func runClient(ctx context.Context, cmd string, args []string, stdout, stderr io
 	case len(positional) > 0:
 		return usageErr("unexpected argument %q", positional[0])
 	}
-	if timeout <= 0 {
-		timeout = 30 * time.Second
+	if *timeout <= 0 {
+		*timeout = 30 * time.Second
 		if cmd == "pass" {
-			timeout = 2 * time.Minute // a removing pass reads the API server and takes locks
+			*timeout = 2 * time.Minute // a removing pass reads the API server and takes locks
 		}
 	}
-	c := &client{socket: socket, timeout: timeout}
-	if tokenFile != "" {
-		b, err := os.ReadFile(tokenFile)
+	c := &client{socket: *socket, timeout: *timeout}
+	if *tokenFile != "" {
+		b, err := os.ReadFile(*tokenFile)
 		if err != nil {
 			fmt.Fprintf(stderr, "galactic-node %s: token: %v\n", cmd, err)
 			return exitFailed
@@ -135,7 +154,7 @@ func runClient(ctx context.Context, cmd string, args []string, stdout, stderr io
 	method, query := http.MethodGet, url.Values{}
 	if cmd == "pass" {
 		method = http.MethodPost
-		if dryRun {
+		if *dryRun {
 			query.Set("dryRun", "true")
 		}
 	}
@@ -145,7 +164,7 @@ func runClient(ctx context.Context, cmd string, args []string, stdout, stderr io
 	code, body, err := c.do(ctx, method, path, query, wantJSON)
 	if errors.Is(err, syscall.EACCES) {
 		// The socket admits root and the daemon's read group only.
-		fmt.Fprintf(stderr, "galactic-node %s: not allowed to connect to %s: run as root, or as a member of the daemon's --admin-read-group\n", cmd, socket)
+		fmt.Fprintf(stderr, "galactic-node %s: not allowed to connect to %s: run as root, or as a member of the daemon's --admin-read-group\n", cmd, *socket)
 		return exitRefused
 	}
 	if err != nil {

@@ -303,7 +303,7 @@ func runDaemon(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 		if f.adminForcesPerMinute == 0 {
 			log.Info("forced passes are disabled (--admin-forces-per-minute 0)")
 		}
-		acfg := admin.Config{ForcesPerMinute: f.adminForcesPerMinute, Log: log, Version: version, Node: f.nodeName, Peers: &admin.PeerPolicy{}}
+		acfg := admin.Config{ForcesPerMinute: f.adminForcesPerMinute, Log: log, Version: buildinfo.Version(version), Node: f.nodeName, Peers: &admin.PeerPolicy{}}
 		if f.adminReadGroup != "" {
 			gid, err := lookupGroup(f.adminReadGroup)
 			if err != nil {

@@ -70,13 +70,7 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 // sibling command is not a mistake.
 func knownEnv() map[string]bool {
 	var c installCNIFlags
-	known := envflag.Names(daemonFlagSet(&daemonFlags{}), installCNIFlagSet(&c), tapFlagSet("add", &tapFlags{}))
-	// The client commands' flags (client.go), until client.go gives its
-	// flag set a constructor of its own to list here.
-	for _, f := range []string{"output", "o", "socket", "token-file", "timeout", "dry-run"} {
-		known[envflag.Name(f)] = true
-	}
-	return known
+	return envflag.Names(daemonFlagSet(&daemonFlags{}), installCNIFlagSet(&c), tapFlagSet("add", &tapFlags{}), clientFlagSet("pass", &clientOpts{}))
 }
 
 const usage = `usage: galactic-node <command> [flags]

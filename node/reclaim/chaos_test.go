@@ -279,7 +279,7 @@ func nodeChaos(t *testing.T, seed uint64, ops int, breakIt func(*reclaim.Reclaim
 }
 
 // TestNodeChaosNeverRemovesATapInUse runs 10,000 operations (fewer with
-// GALACTIC_CHAOS_OPS) against real taps and a real API server.
+// GALACTICTEST_CHAOS_OPS) against real taps and a real API server.
 func TestNodeChaosNeverRemovesATapInUse(t *testing.T) {
 	seed := chaostest.Seed()
 	if err := nodeChaos(t, seed, chaostest.Ops(10000), nil); err != nil {
