@@ -535,6 +535,15 @@ func TestTheNodeImageRunsAsTheDaemonSetRunsIt(t *testing.T) {
 		t.Fatal("DEL left the tap")
 	}
 
+	// What the runbooks run through `kubectl exec` into the pod: the
+	// image's own binary as its client, no shell, root with no token.
+	for _, args := range [][]string{{"status"}, {"taps", "-o", "json"}, {"pass", "--dry-run"}} {
+		out, err := podmanCmd(append([]string{"exec", scene.containerN, "galactic-node"}, args...)...).CombinedOutput()
+		if err != nil {
+			t.Errorf("exec galactic-node %v in the pod: %v\n%s", args, err, out)
+		}
+	}
+
 	// SIGTERM, as the kubelet stops it: the daemon stops within its grace.
 	start := time.Now()
 	if out, err := podmanCmd("stop", "-t", strconv.FormatInt(*spec.TerminationGracePeriodSeconds, 10), scene.containerN).CombinedOutput(); err != nil {
