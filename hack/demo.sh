@@ -3,7 +3,8 @@
 # namespace with a bridge standing in for a VRF (this kernel has none) and
 # three tenant taps — one held by a running process, one live per the
 # inventory file, one stale — and galactic-node reclaiming the stale one
-# over two forced passes, shown through its admin API with curl. It removes
+# over two forced passes, shown through its admin API with curl, and last
+# the galactic-node client subcommands that replace that curl. It removes
 # everything it made, also when interrupted.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,7 +27,15 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-command -v curl >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq curl; }
+# What a fresh Debian machine may lack, installed as .ci/run does, and only
+# when missing.
+missing=()
+command -v ip >/dev/null || missing+=(iproute2)
+command -v curl >/dev/null || missing+=(curl)
+if ((${#missing[@]})); then
+	echo "demo: installing ${missing[*]}"
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
+fi
 [ -x "$bin" ] || go build -o "$bin" ./cmd/galactic-node
 
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
@@ -40,7 +49,16 @@ mkdir -p "$work/bpffs" "$work/locks"
 mount -t bpf bpffs "$work/bpffs"
 common=(--bpffs "$work/bpffs" --vrf-lock-dir "$work/locks")
 
-step "three tenant taps of VPC 10, made as CNI ADD makes them (bridge G00000000AV stands in for the VRF)"
+# Names carry the identity in base62 (0-9, a-z, A-Z): the VPC is a 48-bit
+# number written in 9 digits, the attachment a 16-bit one in 3.
+step "three tenant taps of VPC \"a\" (10 in base62), attachments 1, 2, 3, made as CNI ADD makes them"
+cat <<'TEXT'
+A VPC identifier is a 48-bit number written in base62 (0-9, a-z, A-Z) and
+zero-padded to 9 characters: VPC "a" is 10, written 00000000a. An attachment
+is 16-bit, padded to 3: 1 is 001. A tenant tap is named G + VPC + attachment
++ H (G00000000a001H) and enslaved to its VPC's VRF, G + VPC + V
+(G00000000aV). This kernel has no VRF, so a bridge of that name stands in.
+TEXT
 for a in 1 2 3; do
 	in_ns "$bin" tap add --vpc a --attachment "$a" --owner "sandbox-$a" --master bridge --table 1010 \
 		--route "10.10.0.$a/32" --gateway4 10.10.0.254 --host-port udp/53 "${common[@]}"
@@ -50,6 +68,10 @@ done
 ip netns exec "$ns" "$bin" tap hold --vpc a --attachment 1 >"$work/holder.log" 2>&1 &
 pids+=($!)
 until grep -q holding "$work/holder.log" 2>/dev/null; do sleep 0.1; done
+echo "made (ip -br link in the namespace):"
+in_ns ip -br link show master G00000000aV | sed 's/^/  /'
+in_ns ip -br link show G00000000aV | sed 's/^/  /'
+in_ns ip -br link show master G00000000aV | grep -q '^G00000000a003H' || fail "the taps are not enslaved to G00000000aV"
 echo "attachment 1 is held by a running process (pid ${pids[0]}), as by a VMM"
 
 step "the inventory: a VPCAttachment carries attachment 2; nothing carries attachment 3"
@@ -122,3 +144,25 @@ grep -q '^galactic_cni_stale_taps_reclaimed_total 1$' "$work/metrics.txt" || fai
 
 step "the daemon's log"
 grep -E 'stale tap|pass forced' "$work/daemon.log" | sed 's/^/  /' || true
+
+# The same API without curl or a token: the daemon's client subcommands
+# read the caller's uid from the socket, and root is admin. On a node the
+# socket is at its default, /run/galactic/admin.sock, and --socket is not
+# needed.
+step "the same, with galactic-node's client subcommands (as root, no token)"
+cli() {
+	printf '\n$ galactic-node %s --socket %s\n' "$*" "$work/admin.sock"
+	"$bin" "$@" --socket "$work/admin.sock"
+}
+printf '  %-36s replaces  %s\n' \
+	"galactic-node taps" "curl --unix-socket SOCK -H \"Authorization: Bearer \$READ_TOKEN\" -H 'Accept: text/plain' http://node/v1/taps" \
+	"galactic-node pending" "curl ... http://node/v1/taps/pending" \
+	"galactic-node passes" "curl ... http://node/v1/passes" \
+	"galactic-node pass [--dry-run]" "curl ... -X POST -H \"Authorization: Bearer \$ADMIN_TOKEN\" http://node/v1/passes" \
+	"galactic-node rows IFINDEX" "curl ... http://node/v1/ebpf/interfaces/IFINDEX" \
+	"galactic-node status" "curl ... http://node/v1/status"
+printf '\n$ curl --unix-socket %s -H "Authorization: Bearer $READ_TOKEN" -H '"'"'Accept: text/plain'"'"' http://node/v1/taps\n' "$work/admin.sock"
+api GET /v1/taps
+cli taps
+cli status
+cli pass --dry-run

@@ -11,8 +11,9 @@ import (
 )
 
 // TestTheDemoRunsAndLeavesNothingBehind runs make demo's script with the
-// built binary: every step it checks must hold, and afterwards no namespace,
-// mount, process or folder of it may remain.
+// built binary: every step it checks must hold, it must show what it made
+// and the CLI it ends with, and afterwards no namespace, mount, process or
+// folder of it may remain.
 func TestTheDemoRunsAndLeavesNothingBehind(t *testing.T) {
 	nettest.RequirePrivileged(t)
 	before, _ := filepath.Glob("/tmp/galactic-demo.*")
@@ -24,6 +25,14 @@ func TestTheDemoRunsAndLeavesNothingBehind(t *testing.T) {
 	out, err := cmd.CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "everything it made is removed") {
 		t.Fatalf("demo: %v\n%s", err, out)
+	}
+	// It says what it made, by the names the kernel shows, and ends with
+	// the client subcommands beside the curl they replace, run for real.
+	for _, want := range []string{"  G00000000aV ", "  G00000000a003H ", `VPC "a" is 10`,
+		"$ curl --unix-socket", "$ galactic-node taps --socket", "$ galactic-node status --socket", "$ galactic-node pass --dry-run --socket", "completed  true"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("the demo's output lacks %q:\n%s", want, out)
+		}
 	}
 	if ns := nettest.Run(t, "ip", "netns", "list"); strings.Contains(ns, "galactic-demo-") {
 		t.Errorf("a demo namespace is left: %s", ns)
