@@ -35,7 +35,7 @@ func TestSettingTheSocketModeNeverFollowsASymlink(t *testing.T) {
 	if err := os.Symlink(victim, sock); err != nil {
 		t.Fatal(err)
 	}
-	err = admin.RestrictSocket(sock)
+	err = admin.RestrictSocket(sock, nil)
 	fi, statErr := os.Stat(victim)
 	if statErr != nil {
 		t.Fatal(statErr)
