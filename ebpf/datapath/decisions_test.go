@@ -10,12 +10,12 @@ import (
 
 	"github.com/datum-cloud/galactic-node/ebpf/datapath"
 	"github.com/datum-cloud/galactic-node/internal/nettest"
-	"github.com/datum-cloud/galactic-node/node/identity"
+	"github.com/datum-cloud/galactic-node/node/attachreg"
 	"github.com/datum-cloud/galactic-node/node/tun"
 )
 
 // decisionRows returns the decisions rows of id, by decision.
-func decisionRows(t *testing.T, dp *datapath.Datapath, id identity.Identity) map[string]uint64 {
+func decisionRows(t *testing.T, dp *datapath.Datapath, id tenant) map[string]uint64 {
 	t.Helper()
 	rows, err := dp.Decisions.Dump(0)
 	if err != nil {
@@ -33,8 +33,8 @@ func decisionRows(t *testing.T, dp *datapath.Datapath, id identity.Identity) map
 // Issue 21, case 6: decision rows go with their identity when its last
 // interface is unregistered, and a re-created identity counts from zero.
 func TestDecisionRowsGoWithTheirLastInterface(t *testing.T) {
-	a := identity.Identity{VPC: 62, Attachment: 72}
-	b := identity.Identity{VPC: 62, Attachment: 73}
+	a := tenant{VPC: 62, Attachment: 72}
+	b := tenant{VPC: 62, Attachment: 73}
 	s := newTapScene(t, a)
 	ctx := context.Background()
 	allow := datapath.Policy{Generation: 1, DefaultAction: datapath.ActionAllow}
@@ -47,7 +47,7 @@ func TestDecisionRowsGoWithTheirLastInterface(t *testing.T) {
 		t.Fatal(err)
 	}
 	other, q3 := s.extraTap(t, b.TapName())
-	reg.Identity = b
+	reg.Identity = attachreg.IdentityOf(b.VPC, b.Attachment)
 	if err := s.reg.RegisterInterface(ctx, other, reg); err != nil {
 		t.Fatal(err)
 	}
@@ -86,7 +86,7 @@ func TestDecisionRowsGoWithTheirLastInterface(t *testing.T) {
 // Issue 21, case 6: once the decisions map is full, a new identity's frames
 // are still judged and are counted as unattributed decisions_full.
 func TestCountingContinuesWhenTheDecisionsMapIsFull(t *testing.T) {
-	s := newTapScene(t, identity.Identity{VPC: 62, Attachment: 74})
+	s := newTapScene(t, tenant{VPC: 62, Attachment: 74})
 	s.listen(t)
 	fillDecisions(t, s.dp)
 	s.register(t, datapath.Policy{Generation: 1, DefaultAction: datapath.ActionAllow})

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/datum-cloud/galactic-node/ebpf/datapath"
-	"github.com/datum-cloud/galactic-node/node/identity"
 )
 
 // farFrames are a tenant's frames that a default-allow policy passes: UDP
@@ -26,7 +25,7 @@ func farFrames(m []byte) [][]byte {
 // leaves) must leave the tap dropping every frame, counted as
 // policy_unavailable, until its link is gone; then the attachment goes too.
 func TestAnUnregisteredTapDropsEverythingUntilItsLinkIsGone(t *testing.T) {
-	s := newTapScene(t, identity.Identity{VPC: 62, Attachment: 71})
+	s := newTapScene(t, tenant{VPC: 62, Attachment: 71})
 	s.listen(t)
 	ctx := context.Background()
 	s.register(t, datapath.Policy{Generation: 1, DefaultAction: datapath.ActionAllow})

@@ -13,7 +13,6 @@ import (
 	"github.com/cilium/ebpf/link"
 
 	"github.com/datum-cloud/galactic-node/ebpf/datapath"
-	"github.com/datum-cloud/galactic-node/node/identity"
 	"github.com/datum-cloud/galactic-node/node/netns"
 )
 
@@ -52,7 +51,7 @@ type benchScene struct {
 }
 
 func newBenchScene(b *testing.B) *benchScene {
-	s := newTapScene(b, identity.Identity{VPC: 62, Attachment: 90})
+	s := newTapScene(b, tenant{VPC: 62, Attachment: 90})
 	for _, err := range []error{
 		s.dp.IfindexVRF.Put(s.ifindex, datapath.VRFBinding{Table: 1062, VPC: s.id.VPC, Attachment: s.id.Attachment}),
 		s.dp.EgressKind.Put(s.ifindex, datapath.EgressTap),

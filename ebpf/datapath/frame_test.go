@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/datum-cloud/galactic-node/ebpf/datapath"
-	"github.com/datum-cloud/galactic-node/node/identity"
 )
 
 // rule is the documented rule (docs/datapath.md) a frame falls under.
@@ -342,7 +341,7 @@ func netipBytes(a string) []byte { return netipMust(a).AsSlice() }
 // under every policy profile and checks the counters the program kept and
 // where the frame went: the bridge (a packet socket) and the host's sockets.
 func TestFramesFollowTheDocumentedRules(t *testing.T) {
-	s := newTapScene(t, identity.Identity{VPC: 62, Attachment: 70})
+	s := newTapScene(t, tenant{VPC: 62, Attachment: 70})
 	s.listen(t)
 	cases := frameCases()
 	for pi, p := range profiles {

@@ -12,7 +12,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/datum-cloud/galactic-node/ebpf/datapath"
-	"github.com/datum-cloud/galactic-node/node/identity"
 )
 
 // readmePolicy reads the policy of the CNI configuration example in the
@@ -70,7 +69,7 @@ func (s *tapScene) readReply(match func([]byte) bool) bool {
 // default-deny policy, resolves its gateway: the host answers its ARP
 // request and its neighbor solicitation through the tap.
 func TestTheVMResolvesItsGateway(t *testing.T) {
-	s := newTapScene(t, identity.Identity{VPC: 62, Attachment: 75})
+	s := newTapScene(t, tenant{VPC: 62, Attachment: 75})
 	for _, p := range []struct {
 		name   string
 		policy datapath.Policy

@@ -23,7 +23,6 @@ import (
 	"github.com/datum-cloud/galactic-node/ebpf/datapath"
 	"github.com/datum-cloud/galactic-node/internal/nettest"
 	"github.com/datum-cloud/galactic-node/node/attachreg"
-	"github.com/datum-cloud/galactic-node/node/identity"
 	"github.com/datum-cloud/galactic-node/node/netns"
 	"github.com/datum-cloud/galactic-node/node/tun"
 )
@@ -60,11 +59,25 @@ var hostPorts = []attachreg.HostPort{
 	{Protocol: datapath.ProtocolTCP, Port: 22},
 }
 
+// tenant is a scene's (VPC, attachment), in the datapath's own numbers.
+type tenant struct {
+	VPC        datapath.VPC
+	Attachment datapath.Attachment
+}
+
+// TapName is the name of the tenant's tap; attachreg translates between
+// the datapath's numbers and the tenant identities names carry.
+func (n tenant) TapName() string { return attachreg.IdentityOf(n.VPC, n.Attachment).TapName() }
+
+func (n tenant) key(d datapath.Decision) datapath.DecisionKey {
+	return datapath.DecisionKey{VPC: n.VPC, Attachment: n.Attachment, Decision: d}
+}
+
 type tapScene struct {
 	ns      *nettest.NS
 	dp      *datapath.Datapath
 	reg     *attachreg.Registry
-	id      identity.Identity
+	id      tenant
 	name    string
 	ifindex uint32
 	brIndex int
@@ -75,7 +88,7 @@ type tapScene struct {
 
 // newTapScene builds the namespace, bridge and tap, and opens the VMM's
 // queue. The tap is not registered: see register.
-func newTapScene(t testing.TB, id identity.Identity) *tapScene {
+func newTapScene(t testing.TB, id tenant) *tapScene {
 	t.Helper()
 	ns := nettest.NewNS(t)
 	// The node routes its tenants: forwarding is on, as on a production
@@ -133,7 +146,7 @@ func newTapScene(t testing.TB, id identity.Identity) *tapScene {
 // policy.
 func (s *tapScene) registration(policy datapath.Policy) attachreg.Registration {
 	return attachreg.Registration{
-		Identity: s.id, Table: 1062, Egress: datapath.EgressTap, Policy: policy,
+		Identity: attachreg.IdentityOf(s.id.VPC, s.id.Attachment), Table: 1062, Egress: datapath.EgressTap, Policy: policy,
 		Gateway:       datapath.Gateway{IPv4: netip.MustParseAddr(gw4), IPv6: netip.MustParseAddr(gw6)},
 		HostOnlyPorts: hostPorts,
 	}
@@ -288,7 +301,7 @@ func (s *tapScene) counts(t testing.TB) counts {
 	t.Helper()
 	c := counts{decisions: map[datapath.Decision]uint64{}, unattributed: map[datapath.Reason]uint64{}}
 	for _, d := range allDecisions {
-		n, err := s.dp.Decisions.Get(datapath.DecisionKey{VPC: s.id.VPC, Attachment: s.id.Attachment, Decision: d})
+		n, err := s.dp.Decisions.Get(s.id.key(d))
 		if err != nil && !isNotExist(err) {
 			t.Fatal(err)
 		}

@@ -10,7 +10,6 @@ import (
 
 	"github.com/datum-cloud/galactic-node/ebpf/datapath"
 	"github.com/datum-cloud/galactic-node/internal/nettest"
-	"github.com/datum-cloud/galactic-node/node/identity"
 )
 
 func mapID(t *testing.T, path string) ebpf.MapID {
@@ -81,7 +80,7 @@ func TestLoadsShareTheStateMapsAndReplaceThoseOfAnotherLayout(t *testing.T) {
 // The route answers are cached for a bounded time: an address added to the
 // VRF is the host's, and its unlisted ports denied, once that time passed.
 func TestAnAddressAddedToTheVRFIsTheHostsOnceTheCachedAnswerExpires(t *testing.T) {
-	s := newTapScene(t, identity.Identity{VPC: 62, Attachment: 76})
+	s := newTapScene(t, tenant{VPC: 62, Attachment: 76})
 	s.listen(t)
 	s.register(t, datapath.Policy{Generation: 1, DefaultAction: datapath.ActionAllow})
 	const added = "10.9.9.10"

@@ -4,8 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-
-	"github.com/datum-cloud/galactic-node/node/identity"
 )
 
 // Limits of a policy row, fixed by the C layout.
@@ -17,23 +15,56 @@ const (
 // ErrInvalidRow is wrapped by errors for rows that cannot be written.
 var ErrInvalidRow = errors.New("invalid row")
 
+// VPC and Attachment are the tenant numbers the program counts by, as wide
+// as the C layout holds them. The datapath gives them no meaning beyond
+// that: node/attachreg translates them to and from the tenant identities
+// (node/identity) that name taps, so this package depends on nothing of the
+// node. VPC 0 is no tenant: the program never writes it, and no row may
+// carry it.
+type (
+	VPC        uint64
+	Attachment uint16
+)
+
+// MarshalText writes the VPC in base62, as tap names and cluster objects
+// carry it, so that a row reads like the name of its tap.
+func (v VPC) MarshalText() ([]byte, error) { return []byte(base62(uint64(v))), nil }
+
+// MarshalText writes the attachment in base62, as VPC does.
+func (a Attachment) MarshalText() ([]byte, error) { return []byte(base62(uint64(a))), nil }
+
+// base62 writes n with the digits 0-9, a-z, A-Z, unpadded: the form of
+// node/identity's Base62, which attachreg's tests hold this to.
+func base62(n uint64) string {
+	const digits = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+	var buf [11]byte // 62^11 > 2^64
+	i := len(buf)
+	for {
+		i--
+		buf[i] = digits[n%62]
+		if n /= 62; n == 0 {
+			return string(buf[i:])
+		}
+	}
+}
+
 // VRFBinding is the ifindex_vrf row: where an interface's traffic is routed
 // and whose it is.
 type VRFBinding struct {
-	Table      uint32              `json:"table"`
-	VPC        identity.VPC        `json:"vpc"`
-	Attachment identity.Attachment `json:"attachment"`
+	Table      uint32     `json:"table"`
+	VPC        VPC        `json:"vpc"`
+	Attachment Attachment `json:"attachment"`
 }
 
 func (b VRFBinding) raw() (datapathVrfBinding, error) {
-	if !b.VPC.Valid() || b.Table == 0 {
-		return datapathVrfBinding{}, fmt.Errorf("vrf binding %+v: need a valid VPC and a table: %w", b, ErrInvalidRow)
+	if b.VPC == 0 || b.Table == 0 {
+		return datapathVrfBinding{}, fmt.Errorf("vrf binding %+v: need a VPC and a table: %w", b, ErrInvalidRow)
 	}
 	return datapathVrfBinding{Table: b.Table, Vpc: uint64(b.VPC), Attachment: uint16(b.Attachment)}, nil
 }
 
 func vrfBindingFrom(r datapathVrfBinding) VRFBinding {
-	return VRFBinding{Table: r.Table, VPC: identity.VPC(r.Vpc), Attachment: identity.Attachment(r.Attachment)}
+	return VRFBinding{Table: r.Table, VPC: VPC(r.Vpc), Attachment: Attachment(r.Attachment)}
 }
 
 // Action is a policy's default action.
@@ -229,9 +260,9 @@ func (d Decision) MarshalText() ([]byte, error) { return []byte(d.String()), nil
 
 // DecisionKey is a key of the decisions counters: attributed decisions.
 type DecisionKey struct {
-	VPC        identity.VPC        `json:"vpc"`
-	Attachment identity.Attachment `json:"attachment"`
-	Decision   Decision            `json:"decision"`
+	VPC        VPC        `json:"vpc"`
+	Attachment Attachment `json:"attachment"`
+	Decision   Decision   `json:"decision"`
 }
 
 func (k DecisionKey) raw() (datapathDecisionKey, error) {
@@ -239,7 +270,7 @@ func (k DecisionKey) raw() (datapathDecisionKey, error) {
 }
 
 func decisionKeyFrom(r datapathDecisionKey) DecisionKey {
-	return DecisionKey{VPC: identity.VPC(r.Vpc), Attachment: identity.Attachment(r.Attachment), Decision: Decision(r.Decision)}
+	return DecisionKey{VPC: VPC(r.Vpc), Attachment: Attachment(r.Attachment), Decision: Decision(r.Decision)}
 }
 
 // Reason is why a decision could not be attributed to a tenant.

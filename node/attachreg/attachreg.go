@@ -238,7 +238,7 @@ func (r *Registry) writeRows(ifindex uint32, reg Registration) error {
 		return err
 	}
 	err = errors.Join(
-		d.IfindexVRF.Put(ifindex, datapath.VRFBinding{Table: reg.Table, VPC: reg.Identity.VPC, Attachment: reg.Identity.Attachment}),
+		d.IfindexVRF.Put(ifindex, VRFBinding(reg.Identity, reg.Table)),
 		d.EgressKind.Put(ifindex, reg.Egress),
 		d.TenantGateway.Put(ifindex, reg.Gateway),
 	)
@@ -448,7 +448,7 @@ func (r *Registry) Registered() ([]Registered, error) {
 	}
 	for _, b := range bindings {
 		reg := get(b.Key)
-		reg.Identity = identity.Identity{VPC: b.Value.VPC, Attachment: b.Value.Attachment}
+		reg.Identity = IdentityOf(b.Value.VPC, b.Value.Attachment)
 		reg.Rows[vrfMap] = 1
 	}
 	for _, m := range r.perInterfaceMaps() {

@@ -126,7 +126,7 @@ func waitCount(t *testing.T, what string, get func() uint64, want uint64) {
 
 func (s *scene) decisions(id identity.Identity, d datapath.Decision) func() uint64 {
 	return func() uint64 {
-		n, _ := s.dp.Decisions.Get(datapath.DecisionKey{VPC: id.VPC, Attachment: id.Attachment, Decision: d})
+		n, _ := s.dp.Decisions.Get(attachreg.DecisionKey(id, d))
 		return n
 	}
 }

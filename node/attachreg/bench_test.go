@@ -7,7 +7,6 @@ import (
 	"github.com/datum-cloud/galactic-node/ebpf/datapath"
 	"github.com/datum-cloud/galactic-node/internal/nettest"
 	"github.com/datum-cloud/galactic-node/node/attachreg"
-	"github.com/datum-cloud/galactic-node/node/identity"
 )
 
 // BenchmarkOrphanScan16384Rows lists every registered interface (the
@@ -24,7 +23,7 @@ func BenchmarkOrphanScan16384Rows(b *testing.B) {
 	defer d.Close()
 	live := make(map[uint32]bool, rows)
 	for i := uint32(1); i <= rows; i++ {
-		if err := d.IfindexVRF.Put(i, datapath.VRFBinding{Table: 1000, VPC: identity.VPC(62 + i/1000), Attachment: identity.Attachment(i % 1000)}); err != nil {
+		if err := d.IfindexVRF.Put(i, datapath.VRFBinding{Table: 1000, VPC: datapath.VPC(62 + i/1000), Attachment: datapath.Attachment(i % 1000)}); err != nil {
 			b.Fatal(err)
 		}
 		if i%100 != 0 {

@@ -29,7 +29,7 @@ func (r *Registry) boundIdentity(ifindex uint32) (identity.Identity, bool, error
 	if err != nil {
 		return identity.Identity{}, false, err
 	}
-	return identity.Identity{VPC: b.VPC, Attachment: b.Attachment}, true, nil
+	return IdentityOf(b.VPC, b.Attachment), true, nil
 }
 
 // registeredIdentities returns the identities named by ifindex_vrf rows of
@@ -42,7 +42,7 @@ func (r *Registry) registeredIdentities(except uint32) (map[identity.Identity]bo
 	ids := make(map[identity.Identity]bool, len(rows))
 	for _, row := range rows {
 		if row.Key != except {
-			ids[identity.Identity{VPC: row.Value.VPC, Attachment: row.Value.Attachment}] = true
+			ids[IdentityOf(row.Value.VPC, row.Value.Attachment)] = true
 		}
 	}
 	return ids, nil
@@ -61,7 +61,7 @@ func (r *Registry) clearDecisions(id identity.Identity, except uint32) (int, err
 	removed := 0
 	var errs []error
 	for _, d := range decisions {
-		err := r.dp.Decisions.Delete(datapath.DecisionKey{VPC: id.VPC, Attachment: id.Attachment, Decision: d})
+		err := r.dp.Decisions.Delete(DecisionKey(id, d))
 		switch {
 		case err == nil:
 			removed++
@@ -104,7 +104,7 @@ func (r *Registry) OrphanDecisions() ([]identity.Identity, error) {
 	seen := map[identity.Identity]bool{}
 	var out []identity.Identity
 	for _, row := range rows {
-		id := identity.Identity{VPC: row.Key.VPC, Attachment: row.Key.Attachment}
+		id := IdentityOf(row.Key.VPC, row.Key.Attachment)
 		if !ids[id] && !seen[id] {
 			seen[id] = true
 			out = append(out, id)

@@ -14,6 +14,7 @@ import (
 	"github.com/containernetworking/cni/pkg/version"
 
 	"github.com/datum-cloud/galactic-node/ebpf/datapath"
+	"github.com/datum-cloud/galactic-node/node/attachreg"
 	"github.com/datum-cloud/galactic-node/node/link"
 )
 
@@ -79,7 +80,7 @@ func checkRows(e *env, ifindex uint32, inv *invocation, fail func(string, ...any
 	if err != nil {
 		return fail("tap %s (ifindex %d) lacks its ifindex_vrf row: %v", name, ifindex, err)
 	}
-	if want := (datapath.VRFBinding{Table: reg.Table, VPC: reg.Identity.VPC, Attachment: reg.Identity.Attachment}); binding != want {
+	if want := attachreg.VRFBinding(reg.Identity, reg.Table); binding != want {
 		return fail("tap %s ifindex_vrf row is %+v, configured %+v", name, binding, want)
 	}
 	policy, err := d.TrafficPolicy.Get(ifindex)
