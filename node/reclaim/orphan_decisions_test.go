@@ -19,7 +19,7 @@ func decisionsOf(t *testing.T, dp *datapath.Datapath, id identity.Identity) map[
 	}
 	out := map[datapath.Decision]uint64{}
 	for _, r := range rows {
-		if r.Key.VPC == id.VPC && r.Key.Attachment == id.Attachment {
+		if attachreg.IdentityOf(r.Key.VPC, r.Key.Attachment) == id {
 			out[r.Key.Decision] = r.Value
 		}
 	}
@@ -43,13 +43,13 @@ func TestDecisionRowsOfIdentitiesWithoutInterfacesGoWithTheOrphanCollection(t *t
 	leaked := identity.Identity{VPC: 99, Attachment: 1}
 	busy := identity.Identity{VPC: 98, Attachment: 1}
 	idx := h.links.addTap(live, "sandbox-1", 1, 0)
-	if err := dp.IfindexVRF.Put(idx, datapath.VRFBinding{Table: 1062, VPC: live.VPC, Attachment: live.Attachment}); err != nil {
+	if err := dp.IfindexVRF.Put(idx, attachreg.VRFBinding(live, 1062)); err != nil {
 		t.Fatal(err)
 	}
 	want := map[datapath.Decision]uint64{datapath.DecisionAllow: 5, datapath.DecisionDeny: 2}
 	for _, id := range []identity.Identity{leaked, busy, live} {
 		for d, n := range want {
-			if err := dp.Decisions.Put(datapath.DecisionKey{VPC: id.VPC, Attachment: id.Attachment, Decision: d}, n); err != nil {
+			if err := dp.Decisions.Put(attachreg.DecisionKey(id, d), n); err != nil {
 				t.Fatal(err)
 			}
 		}
