@@ -39,6 +39,7 @@ type cniHost struct {
 // newCNIHost makes the scene with the node daemon's pins in place, as the
 // plugin requires (it never creates maps itself), and its lock folder.
 func newCNIHost(t testing.TB) *cniHost {
+	nettest.RequireTCX(t) // ADD attaches the datapath program
 	h := &cniHost{t: t, host: nettest.NewNS(t), ctr: nettest.NewNS(t), bpffs: nettest.BPFFS(t),
 		locks: filepath.Join(t.TempDir(), "locks"), dataDir: filepath.Join(t.TempDir(), "cni-state")}
 	dp, err := datapath.Load(h.bpffs) // stands in for the daemon, which pins the maps

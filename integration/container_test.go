@@ -393,6 +393,7 @@ func portOf(t *testing.T, c corev1.Container, name string) int32 {
 // test's forced passes are the only ones, so "two passes" is exact).
 func TestTheNodeImageRunsAsTheDaemonSetRunsIt(t *testing.T) {
 	requirePodman(t)
+	nettest.RequireTCX(t) // the installed plugin's ADD attaches the datapath program
 	image := loadImage(t, "galactic-node")
 	ds, tmpl := workload(t, "DaemonSet", "galactic-node")
 	_ = ds

@@ -91,6 +91,7 @@ func (n *node) common() []string {
 // tapAdd makes a tap as CNI ADD would, through the binary.
 func (n *node) tapAdd(att, owner string) {
 	n.t.Helper()
+	nettest.RequireTCX(n.t) // tap add attaches the datapath program
 	args := append([]string{"netns", "exec", n.ns.Name, binary, "tap", "add", "--vpc", "a", "--attachment", att, "--owner", owner,
 		"--master", "bridge", "--table", "1010", "--route", "10.10.0." + att + "/32", "--gateway4", "10.10.0.254", "--host-port", "udp/53"}, n.common()...)
 	if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {

@@ -16,6 +16,7 @@ import (
 // folder of it may remain.
 func TestTheDemoRunsAndLeavesNothingBehind(t *testing.T) {
 	nettest.RequirePrivileged(t)
+	nettest.RequireTCX(t) // the demo adds taps as CNI ADD does
 	before, _ := filepath.Glob("/tmp/galactic-demo.*")
 	// The script takes its binary from GALACTIC_NODE_BIN. Exported, the
 	// daemon it starts would inherit it and refuse it as no flag's

@@ -201,6 +201,7 @@ type runbookScene struct {
 
 func newRunbookScene(t *testing.T, cluster *clustertest.Cluster) *runbookScene {
 	t.Helper()
+	nettest.RequireTCX(t) // its taps are added as CNI ADD adds them
 	// The bind needs a target; the host's folder is made if missing (the
 	// daemon's default) and removed again if the test made it.
 	if _, err := os.Stat("/run/galactic"); os.IsNotExist(err) {

@@ -90,6 +90,7 @@ type tapScene struct {
 // queue. The tap is not registered: see register.
 func newTapScene(t testing.TB, id tenant) *tapScene {
 	t.Helper()
+	nettest.RequireTCX(t) // the scene's program runs at the tap's TCX ingress
 	ns := nettest.NewNS(t)
 	// The node routes its tenants: forwarding is on, as on a production
 	// node. DAD and router advertisements would only add delays and noise.

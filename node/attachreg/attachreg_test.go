@@ -33,6 +33,7 @@ type scene struct {
 }
 
 func newScene(t *testing.T) *scene {
+	nettest.RequireTCX(t) // RegisterInterface attaches at TCX ingress
 	ns := nettest.NewNS(t)
 	dp, err := datapath.Load(nettest.BPFFS(t))
 	if err != nil {
