@@ -125,8 +125,16 @@ vet:
 
 # Regenerates the eBPF object and bindings from ebpf/datapath/bpf/*.c, and
 # records the source's hash so that `make test` fails on a stale object.
+# The compiler is pinned (ebpf/datapath/gen.go calls clang-14; bpf2go strips
+# with llvm-strip-14): the committed object is clang $(BPF_CLANG_VERSION)'s,
+# and another version emits another object, so it is refused here.
+BPF_CLANG_VERSION := 14.0.6
 generate:
-	@command -v clang >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clang llvm libbpf-dev; }
+	@command -v clang-14 >/dev/null && command -v llvm-strip-14 >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clang-14 llvm-14 libbpf-dev; }
 	@test -f /usr/include/bpf/bpf_helpers.h || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libbpf-dev; }
+	@v=$$(clang-14 --version | sed -n '1s/.*clang version \([0-9.]*\).*/\1/p'); \
+	if [ "$$v" != "$(BPF_CLANG_VERSION)" ]; then \
+		echo "make generate: clang-14 is clang $$v, not $(BPF_CLANG_VERSION) (Debian bookworm's clang-14), which built the committed object; another version would emit another object" >&2; exit 1; \
+	fi
 	$(GO) generate ./ebpf/...
 	sha256sum ebpf/datapath/bpf/datapath.c | cut -d' ' -f1 > ebpf/datapath/bpf/datapath.c.sha256
