@@ -1,10 +1,15 @@
 // Package link reads and changes links over raw rtnetlink, in a network
 // namespace chosen by file descriptor, and gives typed views of tenant taps.
 //
-// The one rule a caller must know: a tap is removed only through
-// DeleteVerified, which reads the link again and refuses when its name or
-// owner stamp changed, so a decision made on an old read never removes a link
-// that has since become something else.
+// The one rule a caller must know: a tenant tap is removed only through
+// node/teardown, the one teardown that CNI DEL and GC, `tap del` and the
+// reclaim share, which deletes the link before clearing its eBPF rows. The
+// deletes here are its tools and check before they remove: DeleteVerified
+// reads the link again and refuses when its name or owner stamp changed, so
+// a decision made on an old read never removes a link that has since become
+// something else, and DeleteGroup removes only the batch the teardown moved
+// into a group and verified. (node/tap's Delete, which undoes a failed CNI
+// ADD, also goes through DeleteVerified.)
 package link
 
 import (

@@ -1,0 +1,3 @@
+// Package repotest holds tests of the repository's own text, not of any
+// package's behaviour: that what a file cites can be found from the repo.
+package repotest
