@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/datum-cloud/galactic-node/ebpf/datapath"
 	"github.com/datum-cloud/galactic-node/node/agent"
+	"github.com/datum-cloud/galactic-node/node/attachreg"
 	"github.com/datum-cloud/galactic-node/node/reclaim"
 )
 
@@ -49,6 +51,8 @@ func writeText(w io.Writer, v any) {
 		fmt.Fprintln(w, "error: "+escapeText(v.Error))
 	case Status:
 		WriteStatus(w, v, time.Now())
+	case attachreg.InterfaceRows:
+		writeInterfaceRows(w, v)
 	default:
 		b, _ := json.MarshalIndent(v, "", "  ")
 		fmt.Fprintln(w, string(escapeJSON(b)))
@@ -172,10 +176,31 @@ func WriteStatus(w io.Writer, st Status, now time.Time) {
 	}
 	for _, m := range st.Maps {
 		fill := "unreadable"
-		if m.Rows >= 0 && m.MaxEntries > 0 {
+		switch {
+		case m.Type == "Array" || m.Type == "PerCPUArray":
+			fill = fmt.Sprintf("an array of %d slots, always full", m.MaxEntries)
+		case m.Rows >= 0 && m.MaxEntries > 0:
 			fill = fmt.Sprintf("%d/%d (%.1f%%)", m.Rows, m.MaxEntries, 100*float64(m.Rows)/float64(m.MaxEntries))
 		}
 		line("map "+m.Name, fill)
+	}
+	_ = tw.Flush()
+}
+
+// writeInterfaceRows renders one interface's rows as a table of map and
+// row, the row as compact JSON: its fields differ from map to map.
+func writeInterfaceRows(w io.Writer, v attachreg.InterfaceRows) {
+	fmt.Fprintf(w, "ifindex %d, program attached: %t\n", v.Ifindex, v.Attached)
+	names := make([]string, 0, len(v.Rows))
+	for name := range v.Rows {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "MAP\tROW")
+	for _, name := range names {
+		b, _ := json.Marshal(v.Rows[name])
+		fmt.Fprintln(tw, escapeText(name)+"\t"+escapeText(string(b)))
 	}
 	_ = tw.Flush()
 }

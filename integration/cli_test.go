@@ -92,7 +92,8 @@ func TestTheCLIAnswersRootWithNoToken(t *testing.T) {
 		{[]string{"pass", "--dry-run"}, "RESULT"},
 		{[]string{"pass"}, "completed"},
 		{[]string{"maps"}, "traffic_policy"},
-		{[]string{"rows", ifindex}, "traffic_policy"},
+		{[]string{"rows", ifindex}, "program attached: true"},
+		{[]string{"maps", "ifindex_vrf", "--ifindex", ifindex}, "KEY"},
 	} {
 		code, out, errOut := s.run(t, 0, nil, c.args...)
 		if code != 0 || !strings.Contains(out, c.table) {

@@ -413,7 +413,7 @@ func TestTheNodeImageRunsAsTheDaemonSetRunsIt(t *testing.T) {
 	root := t.TempDir()
 	seccompRoot := filepath.Join(root, "var/lib/kubelet/seccomp")
 	hostPaths := map[string]string{"bpffs": n.bpffs, "seccomp": filepath.Join(seccompRoot, "galactic")}
-	for _, v := range []string{"run-galactic", "cni-bin", "cni-conf", "cni-conflist", "admin-tokens", "seccomp"} {
+	for _, v := range []string{"run-galactic", "cni-bin", "cni-conf", "cni-conflist", "admin-tokens", "seccomp", "cli"} {
 		if hostPaths[v] == "" {
 			hostPaths[v] = filepath.Join(root, v)
 		}
@@ -534,6 +534,13 @@ func TestTheNodeImageRunsAsTheDaemonSetRunsIt(t *testing.T) {
 	}
 	if n.exists("G00000000a004H") {
 		t.Fatal("DEL left the tap")
+	}
+
+	// What the runbooks run on the node: the CLI install-cni put on the
+	// host, as root, through the host's socket.
+	cliOut, err := exec.Command(filepath.Join(hostPaths["cli"], "galactic-node"), "status", "--socket", n.socket).CombinedOutput()
+	if err != nil || !strings.Contains(string(cliOut), "ready:") {
+		t.Errorf("the CLI install-cni put on the host: %v\n%s", err, cliOut)
 	}
 
 	// What the runbooks run through `kubectl exec` into the pod: the

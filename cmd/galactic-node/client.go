@@ -49,7 +49,7 @@ commands:
   pending         candidates waiting for a confirming pass
   passes          recent pass reports
   pass            force a pass now (admin); --dry-run removes nothing
-  maps            the eBPF maps
+  maps [NAME]     the eBPF maps; with a NAME, its rows (--ifindex N, --limit N)
   rows IFINDEX    the eBPF rows of one interface
 
 flags:
@@ -67,6 +67,8 @@ type clientOpts struct {
 	socket, tokenFile *string
 	timeout           *time.Duration
 	dryRun            *bool
+	ifindex           *uint
+	limit             *int
 }
 
 // clientFlagSet is the flag set of client subcommand cmd; main.go lists
@@ -79,9 +81,13 @@ func clientFlagSet(cmd string, o *clientOpts) *flag.FlagSet {
 	o.socket = fs.String("socket", "/run/galactic/admin.sock", "admin socket")
 	o.tokenFile = fs.String("token-file", "", "a file holding a bearer token")
 	o.timeout = fs.Duration("timeout", 0, "give up after this long")
-	o.dryRun = new(bool)
-	if cmd == "pass" {
+	o.dryRun, o.ifindex, o.limit = new(bool), new(uint), new(int)
+	switch cmd {
+	case "pass":
 		fs.BoolVar(o.dryRun, "dry-run", false, "compute and report, remove nothing")
+	case "maps":
+		fs.UintVar(o.ifindex, "ifindex", 0, "with a map NAME: only the rows of this interface")
+		fs.IntVar(o.limit, "limit", 0, "with a map NAME: at most this many rows (the daemon's default 100, at most 10000)")
 	}
 	return fs
 }
@@ -132,8 +138,13 @@ func runClient(ctx context.Context, cmd string, args []string, stdout, stderr io
 			return usageErr("IFINDEX %q: want an interface index above 0", positional[0])
 		}
 		path = "/v1/ebpf/interfaces/" + strconv.FormatUint(ifindex, 10)
-	case len(positional) > 0:
-		return usageErr("unexpected argument %q", positional[0])
+	case cmd == "maps" && len(positional) == 1:
+		// One map's rows: the name is checked by the daemon (404 names it).
+		path = "/v1/ebpf/maps/" + url.PathEscape(positional[0])
+	case cmd == "maps" && (*o.ifindex != 0 || *o.limit != 0):
+		return usageErr("--ifindex and --limit go with a map NAME")
+	case len(positional) > 0 && !(cmd == "maps" && len(positional) == 1):
+		return usageErr("unexpected argument %q", positional[len(positional)-1])
 	}
 	if *timeout <= 0 {
 		*timeout = 30 * time.Second
@@ -152,6 +163,12 @@ func runClient(ctx context.Context, cmd string, args []string, stdout, stderr io
 	}
 
 	method, query := http.MethodGet, url.Values{}
+	if *o.ifindex != 0 {
+		query.Set("ifindex", strconv.FormatUint(uint64(*o.ifindex), 10))
+	}
+	if *o.limit != 0 {
+		query.Set("limit", strconv.Itoa(*o.limit))
+	}
 	if cmd == "pass" {
 		method = http.MethodPost
 		if *dryRun {

@@ -25,6 +25,8 @@ func installCNIFlagSet(c *installCNIFlags) *flag.FlagSet {
 	fs.StringVar(&c.ConfDir, "cni-conf-dir", "/host/etc/cni/net.d", "the host's CNI configuration folder (made 0755 if missing)")
 	fs.StringVar(&c.Seccomp, "seccomp-profile", "/etc/galactic/seccomp/galactic-node.json", "the daemon's seccomp profile to install (empty: none)")
 	fs.StringVar(&c.SeccompDir, "seccomp-dir", "/host/var/lib/kubelet/seccomp/galactic", "where the kubelet reads Localhost seccomp profiles (empty: none)")
+	fs.StringVar(&c.CLI, "cli", "/usr/local/bin/galactic-node", "the operator CLI (this binary) to install on the host (empty: none)")
+	fs.StringVar(&c.CLIDir, "cli-dir", "/host/opt/galactic/bin", "where on the host the CLI goes, for the runbooks' commands on the node (empty: none)")
 	fs.StringVar(&c.logFormat, "log-format", "json", "json or text")
 	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
 	return fs

@@ -70,7 +70,7 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 // sibling command is not a mistake.
 func knownEnv() map[string]bool {
 	var c installCNIFlags
-	return envflag.Names(daemonFlagSet(&daemonFlags{}), installCNIFlagSet(&c), tapFlagSet("add", &tapFlags{}), clientFlagSet("pass", &clientOpts{}))
+	return envflag.Names(daemonFlagSet(&daemonFlags{}), installCNIFlagSet(&c), tapFlagSet("add", &tapFlags{}), clientFlagSet("pass", &clientOpts{}), clientFlagSet("maps", &clientOpts{}))
 }
 
 const usage = `usage: galactic-node <command> [flags]
@@ -79,7 +79,7 @@ commands:
   run          run the node daemon
   install-cni  install the CNI plugin and conflist into the host's CNI folders, atomically
   tap          add or delete a tenant tap as CNI ADD/DEL would, for labs and the demo
-  status, taps, pending, passes, pass [--dry-run], maps, rows IFINDEX
+  status, taps, pending, passes, pass [--dry-run], maps [NAME], rows IFINDEX
                talk to the running daemon over its admin socket
   version      print the version (also --version)
   help         print this (also -h, --help); galactic-node <command> --help for a command's flags

@@ -164,8 +164,8 @@ func (a *Agent) Ready(ctx context.Context) error {
 
 // Status is the node at a glance, for `galactic-node status`.
 type Status struct {
-	Ready    bool            `json:"ready"`
-	Reason   string          `json:"reason,omitempty"`
+	Ready    bool             `json:"ready"`
+	Reason   string           `json:"reason,omitempty"`
 	Schedule reclaim.Schedule `json:"schedule"`
 	// LastPass is the newest pass's report without its lists.
 	LastPass *PassSummary `json:"lastPass,omitempty"`
@@ -189,6 +189,7 @@ type PassSummary struct {
 // MapFill is how full one eBPF map is.
 type MapFill struct {
 	Name       string `json:"name"`
+	Type       string `json:"type"`
 	Rows       int    `json:"rows"`
 	MaxEntries uint32 `json:"maxEntries"`
 }
@@ -211,7 +212,7 @@ func (a *Agent) Status(ctx context.Context) Status {
 	if a.Datapath != nil {
 		for _, t := range a.Datapath.Tables() {
 			l := t.Layout()
-			fill := MapFill{Name: l.Name, MaxEntries: l.MaxEntries, Rows: -1} // -1: could not be counted
+			fill := MapFill{Name: l.Name, Type: l.Type, MaxEntries: l.MaxEntries, Rows: -1} // -1: could not be counted
 			if rows, err := t.DumpAny(0); err == nil {
 				fill.Rows = len(rows)
 			}

@@ -1,6 +1,7 @@
 // Package cniinstall installs the CNI plugin and the network's conflist into
-// the host's CNI folders, and the daemon's seccomp profile where the kubelet
-// reads Localhost profiles. Each file is replaced by a rename, so the container
+// the host's CNI folders, the daemon's seccomp profile where the kubelet
+// reads Localhost profiles, and the operator CLI (galactic-node itself) on
+// the host. Each file is replaced by a rename, so the container
 // runtime, which may read either at any moment, sees the old file or the new
 // one and never a part of one.
 package cniinstall
@@ -31,6 +32,9 @@ type Config struct {
 	// (the kubelet's seccomp folder, or a folder under it) before the
 	// daemon's container is created; both empty installs none.
 	Seccomp, SeccompDir string
+	// CLI is the galactic-node binary, installed into CLIDir so that the
+	// runbooks' commands run on the node itself; both empty installs none.
+	CLI, CLIDir string
 }
 
 // Installed is one file as it now is at its destination.
@@ -64,6 +68,18 @@ func Install(ctx context.Context, c Config, log *slog.Logger) ([]Installed, erro
 	}
 	if (c.Seccomp == "") != (c.SeccompDir == "") {
 		return nil, errors.New("a seccomp profile and its folder go together")
+	}
+	if (c.CLI == "") != (c.CLIDir == "") {
+		return nil, errors.New("the CLI binary and its folder go together")
+	}
+	if c.CLI != "" {
+		if err := checkPlugin(c.CLI); err != nil {
+			return nil, fmt.Errorf("CLI: %w", err)
+		}
+		files = append(files, struct {
+			src, dir string
+			mode     fs.FileMode
+		}{c.CLI, c.CLIDir, 0o755})
 	}
 	if c.Seccomp != "" {
 		b, err := os.ReadFile(c.Seccomp)

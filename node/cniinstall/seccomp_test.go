@@ -53,3 +53,18 @@ func TestABadSeccompProfileChangesNothing(t *testing.T) {
 		t.Fatal("a profile with no folder was accepted")
 	}
 }
+
+func TestTheCLIIsInstalledExecutable(t *testing.T) {
+	e := newEnv(t, []byte("plugin"), goodConflist)
+	e.cfg.CLI = filepath.Join(e.srcDir, "galactic-node")
+	e.cfg.CLIDir = filepath.Join(e.hostDir, "opt/galactic/bin")
+	write(t, e.cfg.CLI, []byte("\x7fELF cli"), 0o700)
+	if _, err := Install(context.Background(), e.cfg, quiet()); err != nil {
+		t.Fatal(err)
+	}
+	checkFile(t, filepath.Join(e.cfg.CLIDir, "galactic-node"), []byte("\x7fELF cli"), 0o755)
+	e.cfg.CLIDir = ""
+	if _, err := Install(context.Background(), e.cfg, quiet()); err == nil {
+		t.Fatal("a CLI with no folder was accepted")
+	}
+}
