@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-bin=${GALACTIC_NODE_BIN:-bin/galactic-node}
+bin=${GALACTICTEST_NODE_BIN:-bin/galactic-node}
 ns=galactic-demo-$$
 work=$(mktemp -d /tmp/galactic-demo.XXXXXX)
 pids=()

@@ -18,11 +18,10 @@ func TestTheDemoRunsAndLeavesNothingBehind(t *testing.T) {
 	nettest.RequirePrivileged(t)
 	nettest.RequireTCX(t) // the demo adds taps as CNI ADD does
 	before, _ := filepath.Glob("/tmp/galactic-demo.*")
-	// The script takes its binary from GALACTIC_NODE_BIN. Exported, the
-	// daemon it starts would inherit it and refuse it as no flag's
-	// variable, so it is set unexported and the script sourced ($0 stays
-	// the script's path, which it cds by).
-	cmd := exec.Command("bash", "-c", `GALACTIC_NODE_BIN=$1; . "$0"`, "../hack/demo.sh", binary)
+	// The script takes its binary from GALACTICTEST_NODE_BIN: a harness
+	// variable, outside the GALACTIC_* space the binaries own.
+	cmd := exec.Command("../hack/demo.sh")
+	cmd.Env = append(os.Environ(), "GALACTICTEST_NODE_BIN="+binary)
 	out, err := cmd.CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "everything it made is removed") {
 		t.Fatalf("demo: %v\n%s", err, out)
