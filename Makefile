@@ -5,7 +5,6 @@
 # no privileges.
 
 GO              ?= go
-GOLANGCI_LINT   ?= github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.15.0
 # An execution count, not a duration: go1.26's fuzz coordinator can report a
 # spurious "context deadline exceeded" when a duration runs out (golang/go
 # issue 75804, fixed in go1.27).
@@ -113,8 +112,10 @@ fuzz:
 bench: testbin
 	hack/bench.sh
 
+# The pinned golangci-lint (.golangci.yml), built once per machine
+# (hack/golangci-lint.sh); .ci/run runs it before make test.
 lint: fmt-check vet
-	$(GO) run $(GOLANGCI_LINT) run $(PKGS)
+	$$(hack/golangci-lint.sh) run $(PKGS)
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \

@@ -45,7 +45,7 @@ import (
 	"github.com/datum-cloud/galactic-node/internal/clustertest"
 	"github.com/datum-cloud/galactic-node/internal/nettest"
 	"github.com/datum-cloud/galactic-node/internal/syncbuf"
-	"github.com/datum-cloud/galactic-node/node/inventory"
+	"github.com/datum-cloud/galactic-node/node/inventory/kubeinventory"
 	"github.com/datum-cloud/galactic-node/node/netns"
 	"github.com/datum-cloud/galactic-node/node/tun"
 )
@@ -656,7 +656,7 @@ func TestDelegatedAuthIsExactBoundedAndTimeLimited(t *testing.T) {
 		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "galactic-node-admin-ops"},
 		Subjects:   []rbacv1.Subject{{Kind: "Group", APIGroup: "rbac.authorization.k8s.io", Name: "ops"}},
 	}, metav1.CreateOptions{}))
-	cluster.Apply(t, inventory.AttachmentResource, clustertest.Attachment("tenant-a", "web-1", "a", "1"))
+	cluster.Apply(t, kubeinventory.AttachmentResource, clustertest.Attachment("tenant-a", "web-1", "a", "1"))
 
 	r := newRemoteNode(t, cluster)
 	// The node's identity may review tokens, as the DaemonSet's RBAC allows.

@@ -22,7 +22,7 @@ import (
 
 	"github.com/datum-cloud/galactic-node/internal/clustertest"
 	"github.com/datum-cloud/galactic-node/internal/nettest"
-	"github.com/datum-cloud/galactic-node/node/inventory"
+	"github.com/datum-cloud/galactic-node/node/inventory/kubeinventory"
 )
 
 var binary, tapPlugin string
@@ -225,9 +225,9 @@ func writeKubeconfig(t *testing.T, cfg *rest.Config) string {
 // rows are listed before and gone after; the held and live taps stay.
 func TestTheDaemonReclaimsAStaleTapOverHTTP(t *testing.T) {
 	cluster := clustertest.Shared(t)
-	cluster.DeleteAll(t, inventory.AttachmentResource)
-	t.Cleanup(func() { cluster.DeleteAll(t, inventory.AttachmentResource) })
-	cluster.Apply(t, inventory.AttachmentResource, clustertest.Attachment("tenant-a", "web-2", "a", "2"))
+	cluster.DeleteAll(t, kubeinventory.AttachmentResource)
+	t.Cleanup(func() { cluster.DeleteAll(t, kubeinventory.AttachmentResource) })
+	cluster.Apply(t, kubeinventory.AttachmentResource, clustertest.Attachment("tenant-a", "web-2", "a", "2"))
 
 	n := newNode(t)
 	for _, att := range []string{"1", "2", "3"} {

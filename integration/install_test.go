@@ -261,7 +261,8 @@ func TestTheHubDeploymentKeepsAReplicaThroughDrains(t *testing.T) {
 	}
 	maxUnavailable, hasMax, _ := unstructured.NestedInt64(pdb.Object, "spec", "maxUnavailable")
 	minAvailable, hasMin, _ := unstructured.NestedInt64(pdb.Object, "spec", "minAvailable")
-	if !(hasMax && maxUnavailable < replicas) && !(hasMin && minAvailable >= 1) {
+	keepsOne := (hasMax && maxUnavailable < replicas) || (hasMin && minAvailable >= 1)
+	if !keepsOne {
 		t.Errorf("PodDisruptionBudget %s lets a drain take all %d replicas", pdb.GetName(), replicas)
 	}
 }
@@ -351,7 +352,7 @@ func TestTheInstallStepsRunInOrderAsWritten(t *testing.T) {
 		t.Skip(msg)
 	}
 	c := clustertest.Start(t) // a cluster of its own: no namespace made by another test
-	defer c.Env.Stop()
+	defer func() { _ = c.Env.Stop() }()
 	cs, err := kubernetes.NewForConfig(c.Config)
 	if err != nil {
 		t.Fatal(err)

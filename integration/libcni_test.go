@@ -45,7 +45,7 @@ func stockPlugins(t testing.TB) string {
 		cmd.Env = append(os.Environ(), "GOBIN="+stockDir, "GOFLAGS=-mod=mod")
 		cmd.Dir = stockDir
 		if out, err := cmd.CombinedOutput(); err != nil {
-			stockErr = fmt.Errorf("build tuning %s: %v: %s", tuningVersion, err, out)
+			stockErr = fmt.Errorf("build tuning %s: %w: %s", tuningVersion, err, out)
 		}
 	})
 	if stockErr != nil {

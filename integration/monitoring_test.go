@@ -26,7 +26,7 @@ import (
 	"github.com/datum-cloud/galactic-node/internal/connlimit"
 	"github.com/datum-cloud/galactic-node/node/agent"
 	"github.com/datum-cloud/galactic-node/node/inventory"
-	"github.com/datum-cloud/galactic-node/node/reclaim"
+	"github.com/datum-cloud/galactic-node/node/reclaim/reclaimmetrics"
 )
 
 const (
@@ -161,10 +161,10 @@ func exported(t *testing.T) map[string]bool {
 
 	node := prometheus.NewRegistry()
 	node.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	if _, err := reclaim.NewMetrics(node); err != nil {
+	if _, err := reclaimmetrics.NewMetrics(node); err != nil {
 		t.Fatal(err)
 	}
-	if err := reclaim.RegisterInventoryAge(node, provenNow{}); err != nil {
+	if err := reclaimmetrics.RegisterInventoryAge(node, provenNow{}); err != nil {
 		t.Fatal(err)
 	}
 	for _, l := range []string{"admin", "metrics"} {
@@ -199,7 +199,7 @@ func metricNames(t *testing.T, expr string) ([]string, error) {
 		if vs, ok := n.(*parser.VectorSelector); ok {
 			name := vs.Name
 			for _, m := range vs.LabelMatchers {
-				if m.Name == labels.MetricName && m.Type == labels.MatchEqual {
+				if m.Name == model.MetricNameLabel && m.Type == labels.MatchEqual {
 					name = m.Value
 				}
 			}

@@ -26,7 +26,7 @@ import (
 
 	"github.com/datum-cloud/galactic-node/internal/clustertest"
 	"github.com/datum-cloud/galactic-node/internal/nettest"
-	"github.com/datum-cloud/galactic-node/node/inventory"
+	"github.com/datum-cloud/galactic-node/node/inventory/kubeinventory"
 )
 
 // apiAddr is where the node's namespace reaches the API server: over a
@@ -192,7 +192,7 @@ func TestAPartitionedNodeRemovesNothing(t *testing.T) {
 	}
 
 	heal := r.partition(t)
-	cluster.Apply(t, inventory.AttachmentResource, clustertest.Attachment("tenant-a", "web-3", "a", "3"))
+	cluster.Apply(t, kubeinventory.AttachmentResource, clustertest.Attachment("tenant-a", "web-3", "a", "3"))
 	// The pass that would remove is skipped and forgets its candidates;
 	// every pass after it first tries to prove the inventory again, and is
 	// skipped too: a partitioned cache marks nothing.
@@ -220,7 +220,7 @@ func TestAPartitionedNodeRemovesNothing(t *testing.T) {
 
 	// The attachment goes again before the partition heals: the tap is
 	// stale once more, and must still wait for two healthy passes.
-	cluster.Delete(t, inventory.AttachmentResource, "tenant-a", "web-3")
+	cluster.Delete(t, kubeinventory.AttachmentResource, "tenant-a", "web-3")
 	heal()
 	if rep := r.force(""); r.exists("G00000000a003H") == false || len(rep.Reclaimed) != 0 {
 		t.Fatalf("the first pass after the partition removed the tap: %+v", rep)
@@ -243,9 +243,9 @@ func TestAPartitionedNodeRemovesNothing(t *testing.T) {
 func sharedWithLiveAttachment(t *testing.T) *clustertest.Cluster {
 	t.Helper()
 	cluster := clustertest.Shared(t)
-	cluster.DeleteAll(t, inventory.AttachmentResource)
-	t.Cleanup(func() { cluster.DeleteAll(t, inventory.AttachmentResource) })
-	cluster.Apply(t, inventory.AttachmentResource, clustertest.Attachment("tenant-a", "web-1", "a", "1"))
+	cluster.DeleteAll(t, kubeinventory.AttachmentResource)
+	t.Cleanup(func() { cluster.DeleteAll(t, kubeinventory.AttachmentResource) })
+	cluster.Apply(t, kubeinventory.AttachmentResource, clustertest.Attachment("tenant-a", "web-1", "a", "1"))
 	return cluster
 }
 
@@ -277,7 +277,7 @@ func apiServerPID(t *testing.T, cluster *clustertest.Cluster) int {
 func TestAKilledAPIServerStopsEveryRemoval(t *testing.T) {
 	cluster := clustertest.Start(t)
 	t.Cleanup(func() { _ = cluster.Env.Stop() })
-	cluster.Apply(t, inventory.AttachmentResource, clustertest.Attachment("tenant-a", "web-1", "a", "1"))
+	cluster.Apply(t, kubeinventory.AttachmentResource, clustertest.Attachment("tenant-a", "web-1", "a", "1"))
 	r := newRemoteNode(t, cluster)
 	r.tapAdd("1", "sandbox-1")
 	r.tapAdd("3", "sandbox-3")
@@ -315,12 +315,12 @@ func TestAKilledAPIServerStopsEveryRemoval(t *testing.T) {
 // never remove its tap, however far the node's cache is behind.
 func TestARecreatedAttachmentKeepsItsTapEveryTime(t *testing.T) {
 	cluster := sharedWithLiveAttachment(t)
-	cluster.Apply(t, inventory.AttachmentResource, clustertest.Attachment("tenant-a", "web-3", "a", "3"))
+	cluster.Apply(t, kubeinventory.AttachmentResource, clustertest.Attachment("tenant-a", "web-3", "a", "3"))
 	r := newRemoteNode(t, cluster)
 	r.tapAdd("3", "sandbox-3")
 	r.start()
 	for i := range 20 {
-		cluster.Delete(t, inventory.AttachmentResource, "tenant-a", "web-3")
+		cluster.Delete(t, kubeinventory.AttachmentResource, "tenant-a", "web-3")
 		deadline := time.Now().Add(10 * time.Second)
 		for !r.pending("G00000000a003H") {
 			if time.Now().After(deadline) {
@@ -328,7 +328,7 @@ func TestARecreatedAttachmentKeepsItsTapEveryTime(t *testing.T) {
 			}
 			r.force("")
 		}
-		cluster.Apply(t, inventory.AttachmentResource, clustertest.Attachment("tenant-a", "web-3", "a", "3"))
+		cluster.Apply(t, kubeinventory.AttachmentResource, clustertest.Attachment("tenant-a", "web-3", "a", "3"))
 		if rep := r.force(""); !r.exists("G00000000a003H") || len(rep.Reclaimed) != 0 {
 			t.Fatalf("round %d: a pass right after the re-create removed the tap: %+v", i, rep)
 		}
@@ -355,7 +355,7 @@ func TestARevokedListStopsRemovals(t *testing.T) {
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		_, err := dc.Resource(inventory.AttachmentResource).List(context.Background(), metav1.ListOptions{Limit: 1})
+		_, err := dc.Resource(kubeinventory.AttachmentResource).List(context.Background(), metav1.ListOptions{Limit: 1})
 		if apierrors.IsForbidden(err) {
 			break
 		}

@@ -143,7 +143,7 @@ func runClient(ctx context.Context, cmd string, args []string, stdout, stderr io
 		path = "/v1/ebpf/maps/" + url.PathEscape(positional[0])
 	case cmd == "maps" && (*o.ifindex != 0 || *o.limit != 0):
 		return usageErr("--ifindex and --limit go with a map NAME")
-	case len(positional) > 0 && !(cmd == "maps" && len(positional) == 1):
+	case len(positional) > 0 && (cmd != "maps" || len(positional) != 1):
 		return usageErr("unexpected argument %q", positional[len(positional)-1])
 	}
 	if *timeout <= 0 {

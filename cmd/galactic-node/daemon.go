@@ -32,6 +32,7 @@ import (
 	"github.com/datum-cloud/galactic-node/node/attachreg"
 	"github.com/datum-cloud/galactic-node/node/holder"
 	"github.com/datum-cloud/galactic-node/node/inventory"
+	"github.com/datum-cloud/galactic-node/node/inventory/kubeinventory"
 	"github.com/datum-cloud/galactic-node/node/link"
 	"github.com/datum-cloud/galactic-node/node/reclaim"
 	"github.com/datum-cloud/galactic-node/node/vrf"
@@ -236,7 +237,7 @@ func runDaemon(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 	if f.inventoryFile != "" {
 		inv = inventory.NewFile(f.inventoryFile)
 	} else {
-		ci, err := inventory.NewCluster(cfg, log)
+		ci, err := kubeinventory.NewCluster(cfg, log)
 		if err != nil {
 			return err
 		}

@@ -56,7 +56,7 @@ func shell(args []string, stdout, stderr io.Writer) int {
 		}
 		fmt.Fprintln(stdout, buildinfo.Version(buildVersion))
 	case "help", "-h", "--help", "-help":
-		fmt.Fprint(stdout, usage)
+		_, _ = fmt.Fprint(stdout, usage)
 	default:
 		err = cli.Misuse(prog, fmt.Errorf("unknown argument %q", args[0]))
 	}

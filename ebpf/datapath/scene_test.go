@@ -204,7 +204,7 @@ func (s *tapScene) listen(t testing.TB) {
 	})
 	t.Cleanup(func() {
 		for _, c := range s.socks {
-			c.Close()
+			_ = c.Close()
 		}
 		if s.pkt >= 0 {
 			unix.Close(s.pkt)

@@ -261,7 +261,7 @@ func checkStatic(t *testing.T, name string, data []byte) {
 		t.Errorf("%s is not ELF: %v", name, err)
 		return
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }()
 	for _, p := range f.Progs {
 		if p.Type == elf.PT_INTERP {
 			t.Errorf("%s has an interpreter (PT_INTERP): it is not static", name)

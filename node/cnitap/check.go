@@ -177,8 +177,10 @@ func (p *Plugin) Status(args *skel.CmdArgs) error {
 	unavailable := func(err error) error {
 		return types.NewError(types.ErrPluginNotAvailable, "galactic-tap not available", err.Error())
 	}
-	if fi, err := os.Stat(inv.conf.VRFLockDir); err != nil || !fi.IsDir() {
-		return unavailable(fmt.Errorf("lock folder %s: %v", inv.conf.VRFLockDir, err))
+	if fi, err := os.Stat(inv.conf.VRFLockDir); err != nil {
+		return unavailable(fmt.Errorf("lock folder %s: %w", inv.conf.VRFLockDir, err))
+	} else if !fi.IsDir() {
+		return unavailable(fmt.Errorf("lock folder %s is not a folder", inv.conf.VRFLockDir))
 	}
 	if err := accessWritable(inv.conf.VRFLockDir); err != nil {
 		return unavailable(fmt.Errorf("lock folder %s not writable: %w", inv.conf.VRFLockDir, err))

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 )
 
 // File reads the inventory from a multi-document YAML file of full
@@ -50,7 +49,7 @@ func (f *File) Snapshot(context.Context) Snapshot {
 	fi, err := os.Stat(f.path)
 	if err != nil {
 		f.stamp, f.objects, f.err = fileStamp{}, nil, fmt.Errorf("inventory file: %w", err)
-		return build(nil, false, f.err)
+		return NewSnapshot(nil, false, f.err)
 	}
 	stamp := fileStamp{size: fi.Size(), modTime: fi.ModTime(), inode: inodeOf(fi)}
 	if stamp != f.stamp || (f.objects == nil && f.err == nil) {
@@ -58,10 +57,10 @@ func (f *File) Snapshot(context.Context) Snapshot {
 		f.stamp, f.snap = stamp, nil
 	}
 	if f.err != nil {
-		return build(nil, false, f.err)
+		return NewSnapshot(nil, false, f.err)
 	}
 	if f.snap == nil {
-		s := build(f.objects, true, nil)
+		s := NewSnapshot(f.objects, true, nil)
 		f.snap = &s
 	}
 	// Snapshots are read-only to their users, so one built per file
@@ -193,7 +192,7 @@ func readFile(path string) ([]Object, error) {
 
 // ParseObjects parses a multi-document YAML stream of inventory objects.
 func ParseObjects(data []byte) ([]Object, error) {
-	r := utilyaml.NewYAMLReader(bufioReader(data))
+	r := newDocumentReader(data)
 	var objects []Object
 	for n := 1; ; n++ {
 		raw, err := r.Read()

@@ -9,6 +9,11 @@
 // one), or in which no VPCAttachment carries an identity (an empty cluster
 // view is far more likely a broken read than a node with no tenants) says
 // "keep everything".
+//
+// This package holds the rule, the types and the sources that need no
+// Kubernetes client (a fixed list, a YAML file); the API server's source is
+// node/inventory/kubeinventory, so that the reclaim, which needs only what is
+// here, links no client-go.
 package inventory
 
 import (
@@ -124,6 +129,22 @@ type Source interface {
 	Snapshot(ctx context.Context) Snapshot
 }
 
+// ErrNotProvenCurrent wraps every failure to show that a source is as new
+// as its origin: no removal may rest on it.
+var ErrNotProvenCurrent = errors.New("inventory not proven current")
+
+// Prover is a Source whose origin can change behind its back (a cache of the
+// API server), and which can prove what it serves is current.
+type Prover interface {
+	Source
+	// Prove reads the origin now, consistently, and returns what it holds.
+	// An error wraps ErrNotProvenCurrent.
+	Prove(ctx context.Context) (Snapshot, error)
+	// ProvenAt is when the source last showed itself current: a consistent
+	// read, a list, or a watch event (bookmarks included).
+	ProvenAt() time.Time
+}
+
 // Object is an inventory object trimmed to what the reclaim needs: its
 // reference and the identities it carries.
 type Object struct {
@@ -175,8 +196,11 @@ func AdvertisementObject(namespace, name string) Object {
 	return o
 }
 
-// build assembles a snapshot from trimmed objects.
-func build(objects []Object, synced bool, readErr error) Snapshot {
+// NewSnapshot assembles a snapshot, taken now, from trimmed objects: synced
+// says whether every source completed its initial read, and readErr is the
+// last read error not yet followed by a successful read. Every source builds
+// its snapshots here, so that each judges health by the same rule.
+func NewSnapshot(objects []Object, synced bool, readErr error) Snapshot {
 	s := Snapshot{TakenAt: time.Now(), Synced: synced, Err: readErr, carriers: make(map[identity.Identity][]ObjectRef, len(objects))}
 	for _, o := range objects {
 		if o.Malformed {
@@ -217,4 +241,4 @@ type Static struct {
 }
 
 // Snapshot implements Source.
-func (s *Static) Snapshot(context.Context) Snapshot { return build(s.Objects, s.Synced, s.Err) }
+func (s *Static) Snapshot(context.Context) Snapshot { return NewSnapshot(s.Objects, s.Synced, s.Err) }

@@ -19,6 +19,7 @@ import (
 	"github.com/datum-cloud/galactic-node/internal/nettest"
 	"github.com/datum-cloud/galactic-node/node/identity"
 	"github.com/datum-cloud/galactic-node/node/inventory"
+	"github.com/datum-cloud/galactic-node/node/inventory/kubeinventory"
 	"github.com/datum-cloud/galactic-node/node/reclaim"
 	"github.com/datum-cloud/galactic-node/node/tun"
 	"github.com/datum-cloud/galactic-node/node/vrf"
@@ -203,13 +204,13 @@ func BenchmarkAPIRequestsPerSteadyStatePass(b *testing.B) {
 	// Every tap carried: a steady-state pass removes nothing.
 	for i := range stampedTaps(b, ns, 100) {
 		id := benchID(i)
-		cluster.Apply(b, inventory.AttachmentResource, clustertest.Attachment("bench", fmt.Sprintf("att-%d", i), id.VPC.Base62(), id.Attachment.Base62()))
+		cluster.Apply(b, kubeinventory.AttachmentResource, clustertest.Attachment("bench", fmt.Sprintf("att-%d", i), id.VPC.Base62(), id.Attachment.Base62()))
 	}
-	b.Cleanup(func() { cluster.DeleteAll(b, inventory.AttachmentResource) })
+	b.Cleanup(func() { cluster.DeleteAll(b, kubeinventory.AttachmentResource) })
 	counter := &countingTransport{}
 	cfg := rest.CopyConfig(cluster.Config)
 	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper { counter.next = rt; return counter }
-	inv, err := inventory.NewCluster(cfg, nil)
+	inv, err := kubeinventory.NewCluster(cfg, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -242,18 +243,18 @@ func BenchmarkRemovingPassProof(b *testing.B) {
 	const taps, objects = 10, 1000
 	b.StopTimer()
 	cluster := clustertest.Shared(b)
-	cluster.DeleteAll(b, inventory.AttachmentResource)
-	b.Cleanup(func() { cluster.DeleteAll(b, inventory.AttachmentResource) })
+	cluster.DeleteAll(b, kubeinventory.AttachmentResource)
+	b.Cleanup(func() { cluster.DeleteAll(b, kubeinventory.AttachmentResource) })
 	for i := range objects {
 		id := benchID(5000 + i)
-		cluster.Apply(b, inventory.AttachmentResource, clustertest.Attachment("bench", fmt.Sprintf("att-%d", i), id.VPC.Base62(), id.Attachment.Base62()))
+		cluster.Apply(b, kubeinventory.AttachmentResource, clustertest.Attachment("bench", fmt.Sprintf("att-%d", i), id.VPC.Base62(), id.Attachment.Base62()))
 	}
 	var requests atomic.Int64
 	cfg := rest.CopyConfig(cluster.Config)
 	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
 		return roundTripFunc(func(r *http.Request) (*http.Response, error) { requests.Add(1); return rt.RoundTrip(r) })
 	}
-	inv, err := inventory.NewCluster(cfg, nil)
+	inv, err := kubeinventory.NewCluster(cfg, nil)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/datum-cloud/galactic-node/internal/nettest"
 	"github.com/datum-cloud/galactic-node/node/identity"
 	"github.com/datum-cloud/galactic-node/node/inventory"
+	"github.com/datum-cloud/galactic-node/node/inventory/kubeinventory"
 	"github.com/datum-cloud/galactic-node/node/link"
 	"github.com/datum-cloud/galactic-node/node/reclaim"
 	"github.com/datum-cloud/galactic-node/node/tun"
@@ -247,16 +248,16 @@ func nodeChaos(t *testing.T, seed uint64, ops int, breakIt func(*reclaim.Reclaim
 		case r < 66 && apiUp:
 			name := fmt.Sprintf("att-%d-%d", id.VPC, id.Attachment)
 			if attached[id] {
-				s.cluster.Delete(t, inventory.AttachmentResource, "tenant-chaos", name)
+				s.cluster.Delete(t, kubeinventory.AttachmentResource, "tenant-chaos", name)
 			} else {
-				s.cluster.Apply(t, inventory.AttachmentResource, clustertest.Attachment("tenant-chaos", name, id.VPC.Base62(), id.Attachment.Base62()))
+				s.cluster.Apply(t, kubeinventory.AttachmentResource, clustertest.Attachment("tenant-chaos", name, id.VPC.Base62(), id.Attachment.Base62()))
 			}
 			attached[id] = !attached[id]
 		case r < 74 && apiUp:
 			if advertised[id] {
-				s.cluster.Delete(t, inventory.AdvertisementResource, "node-b", id.AdvertisementName())
+				s.cluster.Delete(t, kubeinventory.AdvertisementResource, "node-b", id.AdvertisementName())
 			} else {
-				s.cluster.Apply(t, inventory.AdvertisementResource, clustertest.Advertisement("node-b", id.AdvertisementName(), "node-b"))
+				s.cluster.Apply(t, kubeinventory.AdvertisementResource, clustertest.Advertisement("node-b", id.AdvertisementName(), "node-b"))
 			}
 			advertised[id] = !advertised[id]
 		case r < 78:

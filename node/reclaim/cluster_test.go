@@ -28,6 +28,7 @@ import (
 	"github.com/datum-cloud/galactic-node/node/holder"
 	"github.com/datum-cloud/galactic-node/node/identity"
 	"github.com/datum-cloud/galactic-node/node/inventory"
+	"github.com/datum-cloud/galactic-node/node/inventory/kubeinventory"
 	"github.com/datum-cloud/galactic-node/node/link"
 	"github.com/datum-cloud/galactic-node/node/reclaim"
 	"github.com/datum-cloud/galactic-node/node/tap"
@@ -119,13 +120,13 @@ func newScene(t *testing.T, cluster *clustertest.Cluster, inv inventory.Source) 
 		t.Fatal(err)
 	}
 	if cluster != nil {
-		cluster.DeleteAll(t, inventory.AttachmentResource)
-		cluster.DeleteAll(t, inventory.AdvertisementResource)
+		cluster.DeleteAll(t, kubeinventory.AttachmentResource)
+		cluster.DeleteAll(t, kubeinventory.AdvertisementResource)
 		t.Cleanup(func() {
-			cluster.DeleteAll(t, inventory.AttachmentResource)
-			cluster.DeleteAll(t, inventory.AdvertisementResource)
+			cluster.DeleteAll(t, kubeinventory.AttachmentResource)
+			cluster.DeleteAll(t, kubeinventory.AdvertisementResource)
 		})
-		cluster.Apply(t, inventory.AttachmentResource, clustertest.Attachment("tenant-a", "live", live.VPC.Base62(), live.Attachment.Base62()))
+		cluster.Apply(t, kubeinventory.AttachmentResource, clustertest.Attachment("tenant-a", "live", live.VPC.Base62(), live.Attachment.Base62()))
 	}
 	waitLive := inv == nil
 	if waitLive {
@@ -162,9 +163,9 @@ func reclaimWith(s *scene, links reclaim.Links, cfg reclaim.Config) *reclaim.Rec
 }
 
 // startInventory runs a cluster inventory over cfg until the test ends.
-func startInventory(t *testing.T, cfg *rest.Config) *inventory.Cluster {
+func startInventory(t *testing.T, cfg *rest.Config) *kubeinventory.Cluster {
 	t.Helper()
-	inv, err := inventory.NewCluster(cfg, nil)
+	inv, err := kubeinventory.NewCluster(cfg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -380,11 +381,11 @@ func TestTapsInUseSurviveEveryPass(t *testing.T) {
 	keep = append(keep, detached)
 
 	carried := identity.Identity{VPC: 62, Attachment: 200}
-	cluster.Apply(t, inventory.AttachmentResource, clustertest.Attachment("tenant-b", "web", carried.VPC.Base62(), carried.Attachment.Base62()))
+	cluster.Apply(t, kubeinventory.AttachmentResource, clustertest.Attachment("tenant-b", "web", carried.VPC.Base62(), carried.Attachment.Base62()))
 	keep = append(keep, s.addTap(carried, "sandbox-web"))
 
 	advertised := identity.Identity{VPC: 0x3e, Attachment: 0x41}
-	cluster.Apply(t, inventory.AdvertisementResource, clustertest.Advertisement("node-b", advertised.AdvertisementName(), "node-b"))
+	cluster.Apply(t, kubeinventory.AdvertisementResource, clustertest.Advertisement("node-b", advertised.AdvertisementName(), "node-b"))
 	keep = append(keep, s.addTap(advertised, "sandbox-moved"))
 
 	unstamped := staleID(4)
@@ -449,7 +450,7 @@ func TestALateTapOrALateAttachmentIsKept(t *testing.T) {
 
 	comeback := s.addTap(staleID(2), "sandbox-comeback")
 	s.pass() // marks it
-	s.cluster.Apply(t, inventory.AttachmentResource, clustertest.Attachment("tenant-a", "comeback", comeback.Identity.VPC.Base62(), comeback.Identity.Attachment.Base62()))
+	s.cluster.Apply(t, kubeinventory.AttachmentResource, clustertest.Attachment("tenant-a", "comeback", comeback.Identity.VPC.Base62(), comeback.Identity.Attachment.Base62()))
 	s.waitInventory("the late attachment", func(snap *inventory.Snapshot) bool { return snap.Carried(comeback.Identity) })
 	rep := s.pass()
 	if !s.exists(comeback) {
@@ -476,15 +477,15 @@ func TestAClusterWithNoIdentityCarryingAttachmentRemovesNothing(t *testing.T) {
 	s := newScene(t, clustertest.Shared(t), nil)
 	stale := s.addTap(staleID(1), "sandbox-1")
 	s.pass()
-	s.cluster.Delete(t, inventory.AttachmentResource, "tenant-a", "live")
-	s.cluster.Apply(t, inventory.AttachmentResource, clustertest.Attachment("tenant-a", "pending", "", ""))
+	s.cluster.Delete(t, kubeinventory.AttachmentResource, "tenant-a", "live")
+	s.cluster.Apply(t, kubeinventory.AttachmentResource, clustertest.Attachment("tenant-a", "pending", "", ""))
 	s.waitInventory("no identity-carrying attachment", func(snap *inventory.Snapshot) bool { return snap.Attachments == 0 })
 	for range 2 {
 		if rep := s.pass(); rep.Result != reclaim.ResultSkipped || !s.exists(stale) {
 			t.Fatalf("pass with no identity-carrying attachment: %+v", rep)
 		}
 	}
-	s.cluster.Apply(t, inventory.AttachmentResource, clustertest.Attachment("tenant-a", "live", live.VPC.Base62(), live.Attachment.Base62()))
+	s.cluster.Apply(t, kubeinventory.AttachmentResource, clustertest.Attachment("tenant-a", "live", live.VPC.Base62(), live.Attachment.Base62()))
 	s.waitInventory("the live attachment back", func(snap *inventory.Snapshot) bool { return snap.Carried(live) })
 	assertOnlyMarksAfter(t, s, stale)
 	if v := metricValue(t, s.prom, "galactic_cni_stale_tap_passes_total", map[string]string{"result": "skipped"}); v != 2 {
@@ -494,7 +495,7 @@ func TestAClusterWithNoIdentityCarryingAttachmentRemovesNothing(t *testing.T) {
 
 func TestAnInventoryNotYetSyncedRemovesNothing(t *testing.T) {
 	cluster := clustertest.Shared(t)
-	notStarted, err := inventory.NewCluster(cluster.Config, nil)
+	notStarted, err := kubeinventory.NewCluster(cluster.Config, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,8 @@
-package inventory
+// Package kubeinventory reads the inventory from the API server: shared
+// informers over VPCAttachments and BGPAdvertisements in all namespaces, and
+// the consistent read that proves them current. It is the one package of the
+// inventory that links client-go; the rule and the types are node/inventory's.
+package kubeinventory
 
 import (
 	"context"
@@ -19,6 +23,8 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/datum-cloud/galactic-node/node/inventory"
 )
 
 // Resources read by the cluster source.
@@ -30,7 +36,7 @@ var (
 // Cluster reads the inventory from the API server through shared informers
 // over VPCAttachments and BGPAdvertisements in all namespaces. After the
 // initial list, it follows watches: a Snapshot makes no API request. Objects
-// are trimmed to an Object before they are cached, to bound memory.
+// are trimmed to an inventory.Object before they are cached, to bound memory.
 type Cluster struct {
 	log     *slog.Logger
 	sources []*watched
@@ -45,7 +51,7 @@ type Cluster struct {
 type watched struct {
 	gvr        schema.GroupVersionResource
 	informer   cache.SharedIndexInformer
-	fromFields func(namespace, name, vpc, attachment string) Object
+	fromFields func(namespace, name, vpc, attachment string) inventory.Object
 
 	// seen is when the informer last heard from the API server (unix
 	// nanoseconds): a list, or any watch event, bookmarks included.
@@ -71,10 +77,12 @@ func NewCluster(cfg *rest.Config, log *slog.Logger) (*Cluster, error) {
 	c := &Cluster{log: log, host: strings.TrimSuffix(cfg.Host, "/"), http: hc}
 	for _, r := range []struct {
 		gvr        schema.GroupVersionResource
-		fromFields func(namespace, name, vpc, attachment string) Object
+		fromFields func(namespace, name, vpc, attachment string) inventory.Object
 	}{
-		{AttachmentResource, AttachmentObject},
-		{AdvertisementResource, func(namespace, name, _, _ string) Object { return AdvertisementObject(namespace, name) }},
+		{AttachmentResource, inventory.AttachmentObject},
+		{AdvertisementResource, func(namespace, name, _, _ string) inventory.Object {
+			return inventory.AdvertisementObject(namespace, name)
+		}},
 	} {
 		w, err := newWatched(dc.Resource(r.gvr), r.gvr, r.fromFields, log)
 		if err != nil {
@@ -85,9 +93,9 @@ func NewCluster(cfg *rest.Config, log *slog.Logger) (*Cluster, error) {
 	return c, nil
 }
 
-func newWatched(ri dynamic.NamespaceableResourceInterface, gvr schema.GroupVersionResource, fromFields func(namespace, name, vpc, attachment string) Object, log *slog.Logger) (*watched, error) {
+func newWatched(ri dynamic.NamespaceableResourceInterface, gvr schema.GroupVersionResource, fromFields func(namespace, name, vpc, attachment string) inventory.Object, log *slog.Logger) (*watched, error) {
 	w := &watched{gvr: gvr, fromFields: fromFields}
-	trim := func(u *unstructured.Unstructured) Object {
+	trim := func(u *unstructured.Unstructured) inventory.Object {
 		vpc, _, _ := unstructured.NestedString(u.Object, "status", "vpc")
 		att, _, _ := unstructured.NestedString(u.Object, "status", "vpcAttachment")
 		return fromFields(u.GetNamespace(), u.GetName(), vpc, att)
@@ -163,11 +171,11 @@ func (c *Cluster) WaitForSync(ctx context.Context) bool {
 	return cache.WaitForCacheSync(ctx.Done(), fns...)
 }
 
-// Snapshot implements Source from the informers' caches.
-func (c *Cluster) Snapshot(context.Context) Snapshot {
+// Snapshot implements inventory.Source from the informers' caches.
+func (c *Cluster) Snapshot(context.Context) inventory.Snapshot {
 	synced := true
 	var errs []error
-	var objects []Object
+	var objects []inventory.Object
 	for _, w := range c.sources {
 		synced = synced && w.informer.HasSynced()
 		w.mu.Lock()
@@ -181,7 +189,7 @@ func (c *Cluster) Snapshot(context.Context) Snapshot {
 			}
 		}
 	}
-	return build(objects, synced, errors.Join(errs...))
+	return inventory.NewSnapshot(objects, synced, errors.Join(errs...))
 }
 
 // seenWatch passes a watch's events on and notes when each arrived: a
@@ -218,12 +226,12 @@ func (s *seenWatch) Stop() {
 	s.Interface.Stop()
 }
 
-// cachedObject is what the informers store: a trimmed Object with just
-// enough metadata for the cache's keys.
+// cachedObject is what the informers store: a trimmed inventory.Object with
+// just enough metadata for the cache's keys.
 type cachedObject struct {
 	metav1.TypeMeta
 	metav1.ObjectMeta
-	Object Object
+	Object inventory.Object
 }
 
 func (o *cachedObject) DeepCopyObject() runtime.Object {

@@ -1,4 +1,4 @@
-package inventory
+package kubeinventory
 
 import (
 	"context"
@@ -13,48 +13,34 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"github.com/datum-cloud/galactic-node/node/inventory"
 )
-
-// ErrNotProvenCurrent wraps every failure to show that a source is as new
-// as its origin: no removal may rest on it.
-var ErrNotProvenCurrent = errors.New("inventory not proven current")
-
-// Prover is a Source whose origin can change behind its back (a cache of the
-// API server), and which can prove what it serves is current.
-type Prover interface {
-	Source
-	// Prove reads the origin now, consistently, and returns what it holds.
-	// An error wraps ErrNotProvenCurrent.
-	Prove(ctx context.Context) (Snapshot, error)
-	// ProvenAt is when the source last showed itself current: a consistent
-	// read, a list, or a watch event (bookmarks included).
-	ProvenAt() time.Time
-}
 
 // proofPageSize bounds one page of a consistent read: 20,000 objects are
 // read in four requests, and a page's decoded form stays small.
 const proofPageSize = 5000
 
-// Prove implements Prover: it lists every VPCAttachment and BGPAdvertisement
-// with a consistent read (no resourceVersion: the API server answers at
-// etcd's current revision, never from a stale cache) and builds a snapshot
-// of what the API server holds at that moment. Objects are decoded only as
-// far as the reclaim needs them. Any failure (403, timeout, refused) is an
-// error naming the resource.
-func (c *Cluster) Prove(ctx context.Context) (Snapshot, error) {
-	var objects []Object
+// Prove implements inventory.Prover: it lists every VPCAttachment and
+// BGPAdvertisement with a consistent read (no resourceVersion: the API
+// server answers at etcd's current revision, never from a stale cache) and
+// builds a snapshot of what the API server holds at that moment. Objects are
+// decoded only as far as the reclaim needs them. Any failure (403, timeout,
+// refused) is an error naming the resource.
+func (c *Cluster) Prove(ctx context.Context) (inventory.Snapshot, error) {
+	var objects []inventory.Object
 	for _, w := range c.sources {
 		objs, err := c.list(ctx, w)
 		if err != nil {
-			return Snapshot{}, fmt.Errorf("%w: consistent read of %s: %w", ErrNotProvenCurrent, w.gvr.Resource, err)
+			return inventory.Snapshot{}, fmt.Errorf("%w: consistent read of %s: %w", inventory.ErrNotProvenCurrent, w.gvr.Resource, err)
 		}
 		objects = append(objects, objs...)
 	}
 	c.proven.Store(time.Now().UnixNano())
-	return build(objects, true, nil), nil
+	return inventory.NewSnapshot(objects, true, nil), nil
 }
 
-// ProvenAt implements Prover.
+// ProvenAt implements inventory.Prover.
 func (c *Cluster) ProvenAt() time.Time {
 	at := c.proven.Load()
 	oldest := int64(-1)
@@ -90,8 +76,8 @@ type proofList struct {
 	} `json:"items"`
 }
 
-func (c *Cluster) list(ctx context.Context, w *watched) ([]Object, error) {
-	var objects []Object
+func (c *Cluster) list(ctx context.Context, w *watched) ([]inventory.Object, error) {
+	var objects []inventory.Object
 	cont := ""
 	for {
 		page, err := c.listPage(ctx, w.gvr, cont)
