@@ -35,6 +35,7 @@ import (
 	"github.com/datum-cloud/galactic-node/node/inventory/kubeinventory"
 	"github.com/datum-cloud/galactic-node/node/link"
 	"github.com/datum-cloud/galactic-node/node/reclaim"
+	"github.com/datum-cloud/galactic-node/node/reclaim/reclaimmetrics"
 	"github.com/datum-cloud/galactic-node/node/vrf"
 )
 
@@ -248,13 +249,13 @@ func runDaemon(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		buildinfo.Collector(buildinfo.Version(version)))
-	metrics, err := reclaim.NewMetrics(reg)
+	metrics, err := reclaimmetrics.NewMetrics(reg)
 	if err != nil {
 		return err
 	}
 	metrics.SetConfig(f.dryRun, f.interval)
 	if p, ok := inv.(inventory.Prover); ok {
-		if err := reclaim.RegisterInventoryAge(reg, p); err != nil {
+		if err := reclaimmetrics.RegisterInventoryAge(reg, p); err != nil {
 			return err
 		}
 	}

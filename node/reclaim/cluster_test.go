@@ -31,6 +31,7 @@ import (
 	"github.com/datum-cloud/galactic-node/node/inventory/kubeinventory"
 	"github.com/datum-cloud/galactic-node/node/link"
 	"github.com/datum-cloud/galactic-node/node/reclaim"
+	"github.com/datum-cloud/galactic-node/node/reclaim/reclaimmetrics"
 	"github.com/datum-cloud/galactic-node/node/tap"
 	"github.com/datum-cloud/galactic-node/node/tun"
 	"github.com/datum-cloud/galactic-node/node/vrf"
@@ -93,7 +94,7 @@ type scene struct {
 	links   *faultLinks
 	lockDir string
 	locks   *vrf.Locker
-	metrics *reclaim.Metrics
+	metrics *reclaimmetrics.Metrics
 	cluster *clustertest.Cluster
 	inv     inventory.Source
 	prom    *prometheus.Registry
@@ -134,7 +135,7 @@ func newScene(t *testing.T, cluster *clustertest.Cluster, inv inventory.Source) 
 	}
 	s.inv = inv
 	s.prom = prometheus.NewPedanticRegistry()
-	if s.metrics, err = reclaim.NewMetrics(s.prom); err != nil {
+	if s.metrics, err = reclaimmetrics.NewMetrics(s.prom); err != nil {
 		t.Fatal(err)
 	}
 	s.r = reclaimOver(s, s.links)

@@ -17,9 +17,6 @@ type DecisionSweeper interface {
 	ClearDecisions(id identity.Identity) (int, error)
 }
 
-// decisionsLabel is the map label of cleared decision counters.
-const decisionsLabel = "decisions"
-
 // collectOrphanDecisions clears the decision counters of identities that no
 // registered interface names: unregistering an interface clears them, but
 // counters of a build that did not, or of a crash between an interface's
@@ -77,8 +74,8 @@ func (r *Reclaimer) clearDecisionsOfVPC(ctx context.Context, sw DecisionSweeper,
 			continue
 		}
 		r.log.Info("orphan decision counters cleared", "identity", id.String(), "rows", n)
-		if r.metrics != nil {
-			r.metrics.orphanRows.WithLabelValues(decisionsLabel).Add(float64(n))
+		if r.obs != nil {
+			r.obs.OrphanRowsCleared(MapDecisions, n)
 		}
 	}
 }

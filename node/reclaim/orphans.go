@@ -80,12 +80,12 @@ func (r *Reclaimer) collectOrphans(ctx context.Context, links []link.Link, dryRu
 			}
 			delete(next, g.Ifindex)
 			rep.OrphansCleared = append(rep.OrphansCleared, o)
-			if r.metrics != nil {
+			if r.obs != nil {
 				for m, n := range o.Rows {
-					r.metrics.orphanRows.WithLabelValues(m).Add(float64(n))
+					r.obs.OrphanRowsCleared(m, n)
 				}
 				if o.Pinned {
-					r.metrics.orphanRows.WithLabelValues(tcxLinkLabel).Inc()
+					r.obs.OrphanRowsCleared(MapTCXLink, 1)
 				}
 			}
 		}

@@ -70,13 +70,13 @@ type Config struct {
 
 // Reclaimer runs passes, one at a time.
 type Reclaimer struct {
-	links   Links
-	inv     inventory.Source
-	reg     Registry
-	locks   Locker
-	metrics *Metrics
-	log     *slog.Logger
-	cfg     Config
+	links Links
+	inv   inventory.Source
+	reg   Registry
+	locks Locker
+	obs   Observer
+	log   *slog.Logger
+	cfg   Config
 
 	passMu sync.Mutex // serialises passes
 
@@ -110,8 +110,8 @@ type candidate struct {
 // eligibleAt is when a pass may confirm c.
 func (r *Reclaimer) eligibleAt(c candidate) time.Time { return c.firstSeen.Add(r.cfg.MinCandidateAge) }
 
-// New returns a Reclaimer. metrics may be nil (no metrics), log may be nil.
-func New(links Links, inv inventory.Source, reg Registry, locks Locker, metrics *Metrics, log *slog.Logger, cfg Config) *Reclaimer {
+// New returns a Reclaimer. obs may be nil (nothing observed), log may be nil.
+func New(links Links, inv inventory.Source, reg Registry, locks Locker, obs Observer, log *slog.Logger, cfg Config) *Reclaimer {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -124,7 +124,7 @@ func New(links Links, inv inventory.Source, reg Registry, locks Locker, metrics 
 	if cfg.ProveTimeout <= 0 {
 		cfg.ProveTimeout = 10 * time.Second
 	}
-	return &Reclaimer{links: links, inv: inv, reg: reg, locks: locks, metrics: metrics, log: log, cfg: cfg}
+	return &Reclaimer{links: links, inv: inv, reg: reg, locks: locks, obs: obs, log: log, cfg: cfg}
 }
 
 // Run runs a pass every interval until ctx ends; interval 0 means passes
@@ -262,8 +262,8 @@ func (r *Reclaimer) pass(ctx context.Context, opts PassOptions) Report {
 	for _, m := range snap.Malformed {
 		rep.Inputs.Malformed = append(rep.Inputs.Malformed, m.String())
 	}
-	if r.metrics != nil {
-		r.metrics.setMalformed(snap.Malformed)
+	if r.obs != nil {
+		r.obs.Malformed(snap.Malformed)
 	}
 	if err := snap.Healthy(); err != nil {
 		rep.Result, rep.Reason = ResultSkipped, "inventory not trustworthy, nothing removed and every candidate forgotten: "+err.Error()
@@ -388,19 +388,8 @@ func (r *Reclaimer) record(rep Report) {
 	}
 	pending := len(r.candidates)
 	r.mu.Unlock()
-	if r.metrics == nil {
-		return
-	}
-	m := r.metrics
-	m.pending.Set(float64(pending))
-	m.reclaimed.Add(float64(len(rep.Reclaimed)))
-	for _, f := range rep.Failed {
-		m.failures.WithLabelValues(f.Stage).Inc()
-	}
-	m.passes.WithLabelValues(rep.Result).Inc()
-	m.passDuration.Observe(rep.Finished.Sub(rep.Started).Seconds())
-	if rep.Result == ResultCompleted {
-		m.lastPass.Set(float64(rep.Finished.UnixNano()) / 1e9)
+	if r.obs != nil {
+		r.obs.PassDone(rep, pending)
 	}
 }
 

@@ -1,4 +1,9 @@
-package reclaim
+// Package reclaimmetrics exports what the reclaim observes (passes,
+// removals, failures by stage, pending candidates, malformed objects,
+// cleared orphans), the daemon's reclaim configuration and the inventory's
+// age as Prometheus metrics. It is apart from node/reclaim so that the
+// reclaim links no metrics library: it implements reclaim.Observer.
+package reclaimmetrics
 
 import (
 	"math"
@@ -7,25 +12,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/datum-cloud/galactic-node/node/inventory"
-	"github.com/datum-cloud/galactic-node/node/teardown"
+	"github.com/datum-cloud/galactic-node/node/reclaim"
 )
 
-// Failure stages, the values of the stage label.
-const (
-	StageLock   = teardown.StageLock
-	StageVerify = teardown.StageVerify
-	StageRows   = teardown.StageRows
-	StageLink   = teardown.StageLink
-)
-
-// Pass results, the values of the result label.
-const (
-	ResultCompleted = "completed" // the pass ran to the end, removals or not
-	ResultSkipped   = "skipped"   // inputs were not trustworthy: nothing removed
-	ResultFailed    = "failed"    // the links could not be read
-)
-
-// Metrics are the reclaim's Prometheus metrics.
+// Metrics are the reclaim's Prometheus metrics; they implement
+// reclaim.Observer.
 type Metrics struct {
 	pending      prometheus.Gauge
 	reclaimed    prometheus.Counter
@@ -38,9 +29,6 @@ type Metrics struct {
 	dryRun       prometheus.Gauge
 	interval     prometheus.Gauge
 }
-
-// tcxLinkLabel is the map label of a cleared TCX link pin.
-const tcxLinkLabel = "tcx_link"
 
 // NewMetrics creates the metrics and registers them on reg.
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
@@ -88,10 +76,10 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "Seconds between periodic reclaim passes (--interval); 0 when passes run only when forced.",
 		}),
 	}
-	for _, s := range []string{StageLock, StageVerify, StageRows, StageLink} {
+	for _, s := range []string{reclaim.StageLock, reclaim.StageVerify, reclaim.StageRows, reclaim.StageLink} {
 		m.failures.WithLabelValues(s)
 	}
-	for _, r := range []string{ResultCompleted, ResultSkipped, ResultFailed} {
+	for _, r := range []string{reclaim.ResultCompleted, reclaim.ResultSkipped, reclaim.ResultFailed} {
 		m.passes.WithLabelValues(r)
 	}
 	for _, c := range []prometheus.Collector{m.pending, m.reclaimed, m.failures, m.passes, m.passDuration, m.lastPass, m.malformed, m.orphanRows, m.dryRun, m.interval} {
@@ -115,13 +103,34 @@ func (m *Metrics) SetConfig(dryRun bool, interval time.Duration) {
 	m.interval.Set(max(interval, 0).Seconds())
 }
 
-// setMalformed lists exactly the objects of the last snapshot that could not
-// be read.
-func (m *Metrics) setMalformed(refs []inventory.ObjectRef) {
+var _ reclaim.Observer = (*Metrics)(nil)
+
+// Malformed implements reclaim.Observer: it lists exactly the objects of the
+// last snapshot that could not be read.
+func (m *Metrics) Malformed(refs []inventory.ObjectRef) {
 	m.malformed.Reset()
 	for _, o := range refs {
 		m.malformed.WithLabelValues(o.Kind, o.Namespace, o.Name).Set(1)
 	}
+}
+
+// PassDone implements reclaim.Observer.
+func (m *Metrics) PassDone(rep reclaim.Report, pending int) {
+	m.pending.Set(float64(pending))
+	m.reclaimed.Add(float64(len(rep.Reclaimed)))
+	for _, f := range rep.Failed {
+		m.failures.WithLabelValues(f.Stage).Inc()
+	}
+	m.passes.WithLabelValues(rep.Result).Inc()
+	m.passDuration.Observe(rep.Finished.Sub(rep.Started).Seconds())
+	if rep.Result == reclaim.ResultCompleted {
+		m.lastPass.Set(float64(rep.Finished.UnixNano()) / 1e9)
+	}
+}
+
+// OrphanRowsCleared implements reclaim.Observer.
+func (m *Metrics) OrphanRowsCleared(mapName string, n int) {
+	m.orphanRows.WithLabelValues(mapName).Add(float64(n))
 }
 
 // RegisterInventoryAge registers galactic_cni_inventory_age_seconds on reg:

@@ -1,0 +1,44 @@
+package reclaim
+
+import (
+	"github.com/datum-cloud/galactic-node/node/inventory"
+	"github.com/datum-cloud/galactic-node/node/teardown"
+)
+
+// Failure stages, the values of a Failure's Stage.
+const (
+	StageLock   = teardown.StageLock
+	StageVerify = teardown.StageVerify
+	StageRows   = teardown.StageRows
+	StageLink   = teardown.StageLink
+)
+
+// Pass results, the values of a Report's Result.
+const (
+	ResultCompleted = "completed" // the pass ran to the end, removals or not
+	ResultSkipped   = "skipped"   // inputs were not trustworthy: nothing removed
+	ResultFailed    = "failed"    // the links could not be read
+)
+
+// Maps of cleared orphan state that are not eBPF row maps, as
+// Observer.OrphanRowsCleared names them.
+const (
+	MapTCXLink   = "tcx_link"  // a TCX link pin
+	MapDecisions = "decisions" // decision counters of identities no interface names
+)
+
+// Observer is told what the reclaim does, for metrics (reclaimmetrics
+// exports it to Prometheus). It is an interface so that the reclaim links
+// no metrics library. Its methods are called from the pass, so they must
+// not block.
+type Observer interface {
+	// Malformed is called with exactly the objects of each pass's snapshot
+	// that could not be read, none included.
+	Malformed(refs []inventory.ObjectRef)
+	// PassDone is called with the report of every pass, and the candidates
+	// pending after it.
+	PassDone(rep Report, pending int)
+	// OrphanRowsCleared is called with n rows cleared from eBPF map m (or
+	// MapTCXLink, MapDecisions) by the orphan collection.
+	OrphanRowsCleared(m string, n int)
+}
