@@ -28,9 +28,11 @@ import (
 
 	"github.com/datum-cloud/galactic-node/hubctl"
 	"github.com/datum-cloud/galactic-node/internal/buildinfo"
+	"github.com/datum-cloud/galactic-node/internal/buildinfo/buildmetric"
 	"github.com/datum-cloud/galactic-node/internal/cli"
 	"github.com/datum-cloud/galactic-node/internal/envflag"
 	"github.com/datum-cloud/galactic-node/internal/logging"
+	"github.com/datum-cloud/galactic-node/internal/logging/klogroute"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -113,7 +115,7 @@ func runEnv(ctx context.Context, args, environ []string, stdout, stderr io.Write
 	}
 	log = log.With("id", *id)
 	// client-go's informers and leader election log through klog.
-	logging.RouteKlog(log)
+	klogroute.Into(log)
 
 	var cfg *rest.Config
 	if *kubeconfig != "" {
@@ -136,7 +138,7 @@ func runEnv(ctx context.Context, args, environ []string, stdout, stderr io.Write
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		buildinfo.Collector(buildinfo.Version(version)))
+		buildmetric.Collector(buildinfo.Version(version)))
 	metrics, err := hubctl.NewMetrics(reg)
 	if err != nil {
 		return err

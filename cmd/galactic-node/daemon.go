@@ -25,9 +25,11 @@ import (
 	"github.com/datum-cloud/galactic-node/admin"
 	"github.com/datum-cloud/galactic-node/ebpf/datapath"
 	"github.com/datum-cloud/galactic-node/internal/buildinfo"
+	"github.com/datum-cloud/galactic-node/internal/buildinfo/buildmetric"
 	"github.com/datum-cloud/galactic-node/internal/cli"
 	"github.com/datum-cloud/galactic-node/internal/connlimit"
 	"github.com/datum-cloud/galactic-node/internal/logging"
+	"github.com/datum-cloud/galactic-node/internal/logging/klogroute"
 	"github.com/datum-cloud/galactic-node/node/agent"
 	"github.com/datum-cloud/galactic-node/node/attachreg"
 	"github.com/datum-cloud/galactic-node/node/holder"
@@ -208,7 +210,7 @@ func runDaemon(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 		return cli.Misuse("galactic-node run", err)
 	}
 	log = log.With("node", f.nodeName)
-	logging.RouteKlog(log)
+	klogroute.Into(log)
 	log.Info("galactic-node starting", "version", buildinfo.Version(version), "interval", f.interval, "min_candidate_age", f.minCandidateAge, "dry_run", f.dryRun,
 		"max_reclaims_per_pass", f.maxReclaims, "bpffs", f.bpffs, "inventory_file", f.inventoryFile)
 
@@ -248,7 +250,7 @@ func runDaemon(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		buildinfo.Collector(buildinfo.Version(version)))
+		buildmetric.Collector(buildinfo.Version(version)))
 	metrics, err := reclaimmetrics.NewMetrics(reg)
 	if err != nil {
 		return err

@@ -1,14 +1,10 @@
 // Package buildinfo says which build a binary is: its version (from the
 // linker flags, else from the module's build information) and its VCS
-// revision, and exports both as the galactic_build_info metric.
+// revision (internal/buildinfo/buildmetric exports both as the
+// galactic_build_info metric).
 package buildinfo
 
-import (
-	"runtime"
-	"runtime/debug"
-
-	"github.com/prometheus/client_golang/prometheus"
-)
+import "runtime/debug"
 
 // Version is ldflags, the version the linker flags set (make and the image
 // build set it), unless that is empty or "dev": then the version Go
@@ -60,17 +56,4 @@ func vcs(bi *debug.BuildInfo) (revision string, modified bool) {
 		}
 	}
 	return revision, modified
-}
-
-// Collector is the gauge galactic_build_info, always 1, labelled with the
-// binary's version, revision and Go version: a dashboard joins on it to
-// tell which build each target runs.
-func Collector(version string) prometheus.Collector {
-	g := prometheus.NewGauge(prometheus.GaugeOpts{
-		Name:        "galactic_build_info",
-		Help:        "Always 1; the labels say which build this process runs.",
-		ConstLabels: prometheus.Labels{"version": version, "revision": Revision(), "goversion": runtime.Version()},
-	})
-	g.Set(1)
-	return g
 }

@@ -1,13 +1,8 @@
 package buildinfo
 
 import (
-	"runtime"
 	"runtime/debug"
-	"strings"
 	"testing"
-
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 func TestTheLinkerFlagsWin(t *testing.T) {
@@ -37,17 +32,5 @@ func TestWithoutLinkerFlagsTheModuleSays(t *testing.T) {
 		if got := fromBuild(bi); got != tc.want {
 			t.Errorf("%q %v: %q, want %q", tc.main, tc.settings, got, tc.want)
 		}
-	}
-}
-
-func TestTheGaugeIsOneWithItsLabels(t *testing.T) {
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(Collector("v9"))
-	want := `# HELP galactic_build_info Always 1; the labels say which build this process runs.
-# TYPE galactic_build_info gauge
-galactic_build_info{goversion="` + runtime.Version() + `",revision="` + Revision() + `",version="v9"} 1
-`
-	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "galactic_build_info"); err != nil {
-		t.Error(err)
 	}
 }

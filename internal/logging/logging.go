@@ -1,14 +1,11 @@
-// Package logging builds the one slog logger both daemons log through, and
-// routes client-go's klog output into it, so that a log line is JSON (or
-// text) whichever library wrote it.
+// Package logging builds the one slog logger every binary logs through
+// (internal/logging/klogroute routes client-go's klog output into it).
 package logging
 
 import (
 	"fmt"
 	"io"
 	"log/slog"
-
-	"k8s.io/klog/v2"
 )
 
 // New returns a logger writing format ("json" or "text") at level
@@ -35,12 +32,4 @@ func durationText(_ []string, a slog.Attr) slog.Attr {
 		a.Value = slog.StringValue(a.Value.Duration().String())
 	}
 	return a
-}
-
-// RouteKlog makes klog, which client-go's informers, reflectors and leader
-// election log through, write through log instead of its own plain-text
-// lines on stderr, which would break a JSON log stream. klog is
-// process-global: call it once, at start-up, before client-go runs.
-func RouteKlog(log *slog.Logger) {
-	klog.SetSlogLogger(log)
 }
