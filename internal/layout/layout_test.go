@@ -1,0 +1,120 @@
+package layout
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+)
+
+const module = "github.com/datum-cloud/galactic-node"
+
+// pkg is what go list says of one package.
+type pkg struct {
+	ImportPath string
+	Imports    []string
+}
+
+// deps lists root and every package it imports, transitively, test files
+// excluded: what the built binary links.
+func deps(t *testing.T, root string) map[string]pkg {
+	t.Helper()
+	cmd := exec.Command("go", "list", "-deps", "-json=ImportPath,Imports", root)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list -deps %s: %v\n%s", root, err, stderr.String())
+	}
+	all := map[string]pkg{}
+	dec := json.NewDecoder(bytes.NewReader(out))
+	for {
+		var p pkg
+		if err := dec.Decode(&p); errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			t.Fatalf("go list -deps %s: decode: %v", root, err)
+		}
+		all[p.ImportPath] = p
+	}
+	if _, ok := all[root]; !ok {
+		t.Fatalf("go list -deps %s does not list %s", root, root)
+	}
+	return all
+}
+
+// chains returns, for each package of all that bad matches, one shortest
+// chain of imports from root to it, so that a failure names the import to
+// cut rather than only the package that came in.
+func chains(root string, all map[string]pkg, bad func(string) bool) []string {
+	from := map[string]string{root: ""}
+	queue := []string{root}
+	var found []string
+	for len(queue) > 0 {
+		p := queue[0]
+		queue = queue[1:]
+		if bad(p) {
+			var chain []string
+			for q := p; q != ""; q = from[q] {
+				chain = append(chain, q)
+			}
+			slices.Reverse(chain)
+			found = append(found, strings.Join(chain, " -> "))
+			continue // what a bad package imports is its own business
+		}
+		for _, imp := range all[p].Imports {
+			if _, seen := from[imp]; !seen {
+				from[imp] = p
+				queue = append(queue, imp)
+			}
+		}
+	}
+	slices.Sort(found)
+	return found
+}
+
+func kubernetesOrPrometheus(path string) bool {
+	return strings.HasPrefix(path, "k8s.io/") || strings.HasPrefix(path, "sigs.k8s.io/") ||
+		strings.HasPrefix(path, "github.com/prometheus/")
+}
+
+// The reclaim, the link layer and the teardown decide what is removed from
+// a node; the CNI plugin runs once per ADD and DEL. None may link client-go
+// or a Prometheus client: the cluster inventory (node/inventory/kubeinventory)
+// and the metrics (node/reclaim/reclaimmetrics, internal/buildinfo/buildmetric)
+// are wired in by the daemon, and the core sees only interfaces.
+func TestTheCoreAndThePluginLinkNoKubernetesAndNoPrometheus(t *testing.T) {
+	for _, root := range []string{
+		module + "/node/reclaim",
+		module + "/node/link",
+		module + "/node/teardown",
+		module + "/cmd/galactic-tap",
+	} {
+		if bad := chains(root, deps(t, root), kubernetesOrPrometheus); len(bad) > 0 {
+			t.Errorf("%s links Kubernetes or Prometheus packages, first reached through:\n\t%s", root, strings.Join(bad, "\n\t"))
+		}
+	}
+}
+
+// The eBPF datapath is the kernel side, below the node: the node's packages
+// translate their types into its rows (node/attachreg), never the reverse.
+func TestTheDatapathImportsNothingOfTheNode(t *testing.T) {
+	cmd := exec.Command("go", "list", module+"/ebpf/...")
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list ebpf/...: %v", err)
+	}
+	roots := strings.Fields(string(out))
+	if len(roots) == 0 {
+		t.Fatal("go list ebpf/... lists no package")
+	}
+	for _, root := range roots {
+		if bad := chains(root, deps(t, root), func(p string) bool { return strings.HasPrefix(p, module+"/node/") }); len(bad) > 0 {
+			t.Errorf("%s imports the node's packages, through:\n\t%s", root, strings.Join(bad, "\n\t"))
+		}
+	}
+}
