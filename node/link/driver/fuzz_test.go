@@ -5,16 +5,15 @@ import (
 	"testing"
 
 	"github.com/mdlayher/netlink"
-	"golang.org/x/sys/unix"
 )
 
 // FuzzTunDecode feeds arbitrary IFLA_INFO_DATA to the tun driver: it must
 // never panic, and whatever it accepts must be a tun or tap type whose
 // queue counts are either both reported or both absent.
 func FuzzTunDecode(f *testing.F) {
-	f.Add(concat(attr(unix.IFLA_TUN_TYPE, unix.IFF_TAP), attr(unix.IFLA_TUN_MULTI_QUEUE, 1),
-		attr(unix.IFLA_TUN_NUM_QUEUES, u32(1)...), attr(unix.IFLA_TUN_NUM_DISABLED_QUEUES, u32(0)...)))
-	f.Add(concat(attr(unix.IFLA_TUN_TYPE, unix.IFF_TAP), attr(unix.IFLA_TUN_OWNER, u32(7)...)))
+	f.Add(concat(attr(iflaTunType, iffTap), attr(iflaTunMultiQueue, 1),
+		attr(iflaTunNumQueues, u32(1)...), attr(iflaTunNumDisabledQueues, u32(0)...)))
+	f.Add(concat(attr(iflaTunType, iffTap), attr(iflaTunOwner, u32(7)...)))
 	f.Add([]byte{4, 0, 3, 0})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		ad, err := netlink.NewAttributeDecoder(b)

@@ -15,15 +15,14 @@ import (
 
 	"github.com/jsimonetti/rtnetlink/v2"
 	"github.com/mdlayher/netlink"
-	"golang.org/x/sys/unix"
 )
 
 // TunType is IFLA_TUN_TYPE: whether the device carries IP packets or frames.
 type TunType uint8
 
 const (
-	TunTypeTun TunType = unix.IFF_TUN // layer 3
-	TunTypeTap TunType = unix.IFF_TAP // layer 2: what tenant VMs attach to
+	TunTypeTun TunType = iffTun // layer 3
+	TunTypeTap TunType = iffTap // layer 2: what tenant VMs attach to
 )
 
 func (t TunType) String() string {
@@ -76,26 +75,26 @@ func (*Tun) Encode(*netlink.AttributeEncoder) error { return ErrTunNotCreatable 
 func (t *Tun) Decode(ad *netlink.AttributeDecoder) error {
 	for ad.Next() {
 		switch ad.Type() {
-		case unix.IFLA_TUN_OWNER:
+		case iflaTunOwner:
 			v := ad.Uint32()
 			t.Owner = &v
-		case unix.IFLA_TUN_GROUP:
+		case iflaTunGroup:
 			v := ad.Uint32()
 			t.Group = &v
-		case unix.IFLA_TUN_TYPE:
+		case iflaTunType:
 			t.Type = TunType(ad.Uint8())
-		case unix.IFLA_TUN_PI:
+		case iflaTunPI:
 			t.PI = ad.Uint8() != 0
-		case unix.IFLA_TUN_VNET_HDR:
+		case iflaTunVnetHdr:
 			t.VnetHdr = ad.Uint8() != 0
-		case unix.IFLA_TUN_PERSIST:
+		case iflaTunPersist:
 			t.Persist = ad.Uint8() != 0
-		case unix.IFLA_TUN_MULTI_QUEUE:
+		case iflaTunMultiQueue:
 			t.MultiQueue = ad.Uint8() != 0
-		case unix.IFLA_TUN_NUM_QUEUES:
+		case iflaTunNumQueues:
 			v := ad.Uint32()
 			t.NumQueues = &v
-		case unix.IFLA_TUN_NUM_DISABLED_QUEUES:
+		case iflaTunNumDisabledQueues:
 			v := ad.Uint32()
 			t.NumDisabledQueues = &v
 		}
@@ -142,14 +141,14 @@ func (v *VRF) Encode(ae *netlink.AttributeEncoder) error {
 	if v.Table == 0 {
 		return errors.New("encode vrf: table 0 is not a VRF table")
 	}
-	ae.Uint32(unix.IFLA_VRF_TABLE, v.Table)
+	ae.Uint32(iflaVRFTable, v.Table)
 	return nil
 }
 
 // Decode implements rtnetlink.LinkDriver.
 func (v *VRF) Decode(ad *netlink.AttributeDecoder) error {
 	for ad.Next() {
-		if ad.Type() == unix.IFLA_VRF_TABLE {
+		if ad.Type() == iflaVRFTable {
 			v.Table = ad.Uint32()
 		}
 	}

@@ -6,7 +6,6 @@ import (
 	"testing"
 
 	"github.com/mdlayher/netlink"
-	"golang.org/x/sys/unix"
 )
 
 // attr encodes one netlink attribute by hand, so that fixtures do not depend
@@ -50,15 +49,15 @@ func TestTunDecodesEveryAttribute(t *testing.T) {
 	// A persistent multiqueue tap owned by uid 107, group 36, one queue
 	// attached and one disabled: IFLA_INFO_DATA as the kernel sends it.
 	b := concat(
-		attr(unix.IFLA_TUN_OWNER, u32(107)...),
-		attr(unix.IFLA_TUN_GROUP, u32(36)...),
-		attr(unix.IFLA_TUN_TYPE, unix.IFF_TAP),
-		attr(unix.IFLA_TUN_PI, 0),
-		attr(unix.IFLA_TUN_VNET_HDR, 1),
-		attr(unix.IFLA_TUN_PERSIST, 1),
-		attr(unix.IFLA_TUN_MULTI_QUEUE, 1),
-		attr(unix.IFLA_TUN_NUM_QUEUES, u32(1)...),
-		attr(unix.IFLA_TUN_NUM_DISABLED_QUEUES, u32(1)...),
+		attr(iflaTunOwner, u32(107)...),
+		attr(iflaTunGroup, u32(36)...),
+		attr(iflaTunType, iffTap),
+		attr(iflaTunPI, 0),
+		attr(iflaTunVnetHdr, 1),
+		attr(iflaTunPersist, 1),
+		attr(iflaTunMultiQueue, 1),
+		attr(iflaTunNumQueues, u32(1)...),
+		attr(iflaTunNumDisabledQueues, u32(1)...),
 	)
 	got := decodeTun(t, b)
 	if err := got.Err(); err != nil {
@@ -78,11 +77,11 @@ func TestTunDecodesEveryAttribute(t *testing.T) {
 
 func TestSingleQueueTunReportsNoCounts(t *testing.T) {
 	b := concat(
-		attr(unix.IFLA_TUN_TYPE, unix.IFF_TAP),
-		attr(unix.IFLA_TUN_PI, 0),
-		attr(unix.IFLA_TUN_VNET_HDR, 0),
-		attr(unix.IFLA_TUN_PERSIST, 1),
-		attr(unix.IFLA_TUN_MULTI_QUEUE, 0),
+		attr(iflaTunType, iffTap),
+		attr(iflaTunPI, 0),
+		attr(iflaTunVnetHdr, 0),
+		attr(iflaTunPersist, 1),
+		attr(iflaTunMultiQueue, 0),
 	)
 	got := decodeTun(t, b)
 	if got.Err() != nil || got.MultiQueue || got.Owner != nil || got.Group != nil {
@@ -94,7 +93,7 @@ func TestSingleQueueTunReportsNoCounts(t *testing.T) {
 }
 
 func TestTunSkipsAttributesOfNewerKernels(t *testing.T) {
-	got := decodeTun(t, concat(attr(unix.IFLA_TUN_TYPE, unix.IFF_TAP), attr(200, 1, 2, 3, 4)))
+	got := decodeTun(t, concat(attr(iflaTunType, iffTap), attr(200, 1, 2, 3, 4)))
 	if got.Err() != nil || got.Type != TunTypeTap {
 		t.Fatalf("decoded %+v, err %v", got, got.Err())
 	}
@@ -102,11 +101,11 @@ func TestTunSkipsAttributesOfNewerKernels(t *testing.T) {
 
 func TestMalformedTunAttributesAreErrors(t *testing.T) {
 	for name, b := range map[string][]byte{
-		"short queue count": concat(attr(unix.IFLA_TUN_TYPE, unix.IFF_TAP), attr(unix.IFLA_TUN_NUM_QUEUES, 1, 0)),
-		"long type":         attr(unix.IFLA_TUN_TYPE, 2, 0, 0, 0),
-		"short owner":       concat(attr(unix.IFLA_TUN_TYPE, unix.IFF_TAP), attr(unix.IFLA_TUN_OWNER, 7)),
-		"unknown type":      attr(unix.IFLA_TUN_TYPE, 9),
-		"no type":           attr(unix.IFLA_TUN_PERSIST, 1),
+		"short queue count": concat(attr(iflaTunType, iffTap), attr(iflaTunNumQueues, 1, 0)),
+		"long type":         attr(iflaTunType, 2, 0, 0, 0),
+		"short owner":       concat(attr(iflaTunType, iffTap), attr(iflaTunOwner, 7)),
+		"unknown type":      attr(iflaTunType, 9),
+		"no type":           attr(iflaTunPersist, 1),
 	} {
 		if got := decodeTun(t, b); got.Err() == nil {
 			t.Errorf("%s: decoded %+v without error", name, got)
@@ -130,7 +129,7 @@ func TestVRFTableRoundTrips(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := attr(unix.IFLA_VRF_TABLE, u32(1062)...); string(b) != string(want) {
+	if want := attr(iflaVRFTable, u32(1062)...); string(b) != string(want) {
 		t.Fatalf("encoded % x, want % x", b, want)
 	}
 	ad, _ := netlink.NewAttributeDecoder(b)
