@@ -18,7 +18,6 @@ import (
 	"path/filepath"
 
 	"github.com/cilium/ebpf"
-	"golang.org/x/sys/unix"
 )
 
 // PinSubdir is the folder under the bpffs mount where maps are pinned.
@@ -134,14 +133,14 @@ func EnsureBPFFS(dir string) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("bpffs %s: %w", dir, err)
 	}
-	var st unix.Statfs_t
-	if err := unix.Statfs(dir, &st); err != nil {
+	isBPF, err := isBPFFS(dir)
+	if err != nil {
 		return fmt.Errorf("bpffs %s: statfs: %w", dir, err)
 	}
-	if st.Type == unix.BPF_FS_MAGIC {
+	if isBPF {
 		return nil
 	}
-	if err := unix.Mount("bpffs", dir, "bpf", 0, "mode=0700"); err != nil {
+	if err := mountBPFFS(dir); err != nil {
 		return fmt.Errorf("bpffs %s: not a bpf filesystem and mounting one failed: %w", dir, err)
 	}
 	return nil

@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 
 	"github.com/cilium/ebpf"
-	"golang.org/x/sys/unix"
 )
 
 // ErrNotPinned: the maps are not pinned at the path given, which is not a
@@ -86,11 +85,11 @@ func programPinName() string {
 // pinnedDir checks that bpffs is a bpf filesystem holding every map of spec
 // pinned under PinSubdir, and returns that folder.
 func pinnedDir(bpffs string, spec *ebpf.CollectionSpec) (string, error) {
-	var st unix.Statfs_t
-	if err := unix.Statfs(bpffs, &st); err != nil {
+	isBPF, err := isBPFFS(bpffs)
+	if err != nil {
 		return "", fmt.Errorf("%w: bpffs %s: %w", ErrNotPinned, bpffs, err)
 	}
-	if st.Type != unix.BPF_FS_MAGIC {
+	if !isBPF {
 		return "", fmt.Errorf("%w: %s is not a bpf filesystem", ErrNotPinned, bpffs)
 	}
 	pinDir := filepath.Join(bpffs, PinSubdir)
