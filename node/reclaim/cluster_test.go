@@ -106,6 +106,7 @@ type scene struct {
 // live attachment. inv, when given, replaces the cluster inventory.
 func newScene(t *testing.T, cluster *clustertest.Cluster, inv inventory.Source) *scene {
 	t.Helper()
+	nettest.RequireTCX(t) // taps are registered, which attaches the program
 	s := &scene{t: t, ns: nettest.NewNS(t), cluster: cluster, lockDir: t.TempDir()}
 	s.conn = s.ns.Dial(t)
 	s.taps = tap.NewManager(s.ns.File, s.conn, nil)

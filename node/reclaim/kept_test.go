@@ -50,7 +50,7 @@ func (h *holdAt) Verify(ctx context.Context, want link.Expect) (link.Link, error
 func (h *holdAt) Set(ctx context.Context, index uint32, ch link.Change) error {
 	err := h.faultLinks.Set(ctx, index, ch)
 	if h.point == "set" && ch.Group != nil && *ch.Group != 0 {
-		if l, gerr := h.Conn.Get(ctx, index); gerr == nil && l.Name == h.name {
+		if l, gerr := h.Get(ctx, index); gerr == nil && l.Name == h.name {
 			h.hold()
 		}
 	}

@@ -354,7 +354,7 @@ func (r *Reclaimer) reprove(ctx context.Context) error {
 		return nil
 	}
 	if _, err := r.prove(ctx, p); err != nil {
-		return fmt.Errorf("inventory still not proven current (first failure: %v): %w", r.unproven, err)
+		return fmt.Errorf("inventory still not proven current (first failure: %w): %w", r.unproven, err)
 	}
 	r.log.Info("inventory proven current again", "after", r.unproven)
 	r.unproven = nil
