@@ -10,7 +10,7 @@ import (
 // unix's are generated from the headers.
 func TestABIConstantsMatchUnix(t *testing.T) {
 	for _, c := range []struct {
-		name        string
+		name          string
 		local, kernel int
 	}{
 		{"IFF_TUN", iffTun, unix.IFF_TUN},
