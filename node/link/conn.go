@@ -81,7 +81,7 @@ func (c *Conn) dial() error {
 	if c.ns != nil {
 		cfg.NetNS = int(c.ns.Fd())
 	}
-	nl, err := netlink.Dial(unix.NETLINK_ROUTE, cfg)
+	nl, err := netlink.Dial(netlinkRoute, cfg)
 	if err != nil {
 		return fmt.Errorf("dial rtnetlink: %w", err)
 	}

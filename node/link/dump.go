@@ -18,7 +18,7 @@ import (
 // misreport a link.
 func (c *Conn) Links(ctx context.Context) ([]Link, error) {
 	skipStats := uint32(rtextFilterSkipStats)
-	req, err := (&rtnetlink.LinkMessage{Family: unix.AF_UNSPEC, Attributes: &rtnetlink.LinkAttributes{ExtMask: &skipStats}}).MarshalBinary()
+	req, err := (&rtnetlink.LinkMessage{Family: afUnspec, Attributes: &rtnetlink.LinkAttributes{ExtMask: &skipStats}}).MarshalBinary()
 	if err != nil {
 		return nil, fmt.Errorf("encode link dump request: %w", err)
 	}
@@ -51,7 +51,7 @@ func (c *Conn) Links(ctx context.Context) ([]Link, error) {
 // kernel may set NLM_F_DUMP_INTR on that message alone. Called with c.mu held.
 func (c *Conn) dumpLinks(req []byte) (links []Link, interrupted bool, err error) {
 	sent, err := c.nl.Send(netlink.Message{
-		Header: netlink.Header{Type: unix.RTM_GETLINK, Flags: netlink.Request | netlink.Dump},
+		Header: netlink.Header{Type: rtmGetLink, Flags: netlink.Request | netlink.Dump},
 		Data:   req,
 	})
 	if err != nil {
@@ -91,7 +91,7 @@ func (c *Conn) dumpLinks(req []byte) (links []Link, interrupted bool, err error)
 // answering sequence seq, appending links. Messages of other sequences are
 // leftovers of an earlier request and are skipped.
 func parseDumpChunk(b []byte, seq uint32, links *[]Link) (done, interrupted bool, err error) {
-	const hdrLen = unix.SizeofNlMsghdr
+	const hdrLen = sizeofNlMsghdr
 	for len(b) >= hdrLen {
 		length := int(binary.NativeEndian.Uint32(b[0:4]))
 		typ := binary.NativeEndian.Uint16(b[4:6])
@@ -109,14 +109,14 @@ func parseDumpChunk(b []byte, seq uint32, links *[]Link) (done, interrupted bool
 			interrupted = true
 		}
 		switch typ {
-		case unix.NLMSG_DONE, unix.NLMSG_ERROR:
+		case nlmsgDone, nlmsgError:
 			if len(data) >= 4 {
 				if errno := int32(binary.NativeEndian.Uint32(data[0:4])); errno < 0 {
 					return true, interrupted, unix.Errno(-errno)
 				}
 			}
 			return true, interrupted, nil
-		case unix.RTM_NEWLINK:
+		case rtmNewLink:
 			var m rtnetlink.LinkMessage
 			if err := m.UnmarshalBinary(data); err != nil {
 				return false, interrupted, fmt.Errorf("decode link message: %w", err)
@@ -127,4 +127,4 @@ func parseDumpChunk(b []byte, seq uint32, links *[]Link) (done, interrupted bool
 	return false, interrupted, nil
 }
 
-func nlmsgAlign(n int) int { return (n + unix.NLMSG_ALIGNTO - 1) &^ (unix.NLMSG_ALIGNTO - 1) }
+func nlmsgAlign(n int) int { return (n + nlmsgAlignTo - 1) &^ (nlmsgAlignTo - 1) }

@@ -11,8 +11,8 @@ import (
 )
 
 func nlmsg(typ uint16, flags netlink.HeaderFlags, seq uint32, data []byte) []byte {
-	b := make([]byte, unix.SizeofNlMsghdr, unix.SizeofNlMsghdr+len(data)+3)
-	binary.NativeEndian.PutUint32(b[0:4], uint32(unix.SizeofNlMsghdr+len(data)))
+	b := make([]byte, sizeofNlMsghdr, sizeofNlMsghdr+len(data)+3)
+	binary.NativeEndian.PutUint32(b[0:4], uint32(sizeofNlMsghdr+len(data)))
 	binary.NativeEndian.PutUint16(b[4:6], typ)
 	binary.NativeEndian.PutUint16(b[6:8], uint16(flags))
 	binary.NativeEndian.PutUint32(b[8:12], seq)
@@ -34,8 +34,8 @@ func linkMsg(t *testing.T, index uint32, name string) []byte {
 
 func TestAnInterruptFlagOnlyOnDoneIsSeen(t *testing.T) {
 	multi := netlink.Multi
-	chunk := append(nlmsg(unix.RTM_NEWLINK, multi, 7, linkMsg(t, 1, "lo")),
-		nlmsg(unix.NLMSG_DONE, multi|netlink.DumpInterrupted, 7, make([]byte, 4))...)
+	chunk := append(nlmsg(rtmNewLink, multi, 7, linkMsg(t, 1, "lo")),
+		nlmsg(nlmsgDone, multi|netlink.DumpInterrupted, 7, make([]byte, 4))...)
 	var links []Link
 	done, interrupted, err := parseDumpChunk(chunk, 7, &links)
 	if err != nil || !done || !interrupted || len(links) != 1 || links[0].Name != "lo" {
@@ -44,8 +44,8 @@ func TestAnInterruptFlagOnlyOnDoneIsSeen(t *testing.T) {
 }
 
 func TestLeftoversOfAnEarlierRequestAreSkipped(t *testing.T) {
-	chunk := append(nlmsg(unix.RTM_NEWLINK, netlink.Multi|netlink.DumpInterrupted, 6, linkMsg(t, 9, "stale")),
-		nlmsg(unix.RTM_NEWLINK, netlink.Multi, 7, linkMsg(t, 1, "lo"))...)
+	chunk := append(nlmsg(rtmNewLink, netlink.Multi|netlink.DumpInterrupted, 6, linkMsg(t, 9, "stale")),
+		nlmsg(rtmNewLink, netlink.Multi, 7, linkMsg(t, 1, "lo"))...)
 	var links []Link
 	done, interrupted, err := parseDumpChunk(chunk, 7, &links)
 	if err != nil || done || interrupted || len(links) != 1 || links[0].Index != 1 {
@@ -57,11 +57,11 @@ func TestADumpErrorIsReturned(t *testing.T) {
 	code := -int32(unix.ENOBUFS)
 	errno := binary.NativeEndian.AppendUint32(nil, uint32(code))
 	var links []Link
-	_, _, err := parseDumpChunk(nlmsg(unix.NLMSG_DONE, netlink.Multi, 3, errno), 3, &links)
+	_, _, err := parseDumpChunk(nlmsg(nlmsgDone, netlink.Multi, 3, errno), 3, &links)
 	if !errors.Is(err, unix.ENOBUFS) {
 		t.Fatalf("err = %v, want ENOBUFS", err)
 	}
-	_, _, err = parseDumpChunk(nlmsg(unix.RTM_NEWLINK, netlink.Multi, 3, []byte{1, 2})[:18], 3, &links)
+	_, _, err = parseDumpChunk(nlmsg(rtmNewLink, netlink.Multi, 3, []byte{1, 2})[:18], 3, &links)
 	if err == nil {
 		t.Fatal("a truncated message decoded without error")
 	}

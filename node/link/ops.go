@@ -13,7 +13,7 @@ import (
 
 // Get reads one link by ifindex. A missing link is ErrLinkGone.
 func (c *Conn) Get(ctx context.Context, index uint32) (Link, error) {
-	l, err := c.get(ctx, &rtnetlink.LinkMessage{Family: unix.AF_UNSPEC, Index: index})
+	l, err := c.get(ctx, &rtnetlink.LinkMessage{Family: afUnspec, Index: index})
 	if err != nil {
 		return Link{}, fmt.Errorf("get link %d: %w", index, err)
 	}
@@ -22,7 +22,7 @@ func (c *Conn) Get(ctx context.Context, index uint32) (Link, error) {
 
 // GetByName reads one link by name. A missing link is ErrLinkGone.
 func (c *Conn) GetByName(ctx context.Context, name string) (Link, error) {
-	l, err := c.get(ctx, &rtnetlink.LinkMessage{Family: unix.AF_UNSPEC, Attributes: &rtnetlink.LinkAttributes{Name: name}})
+	l, err := c.get(ctx, &rtnetlink.LinkMessage{Family: afUnspec, Attributes: &rtnetlink.LinkAttributes{Name: name}})
 	if err != nil {
 		return Link{}, fmt.Errorf("get link %s: %w", name, err)
 	}
@@ -35,7 +35,7 @@ func (c *Conn) get(ctx context.Context, req *rtnetlink.LinkMessage) (Link, error
 	}
 	skipStats := uint32(rtextFilterSkipStats)
 	req.Attributes.ExtMask = &skipStats
-	msgs, err := c.execute(ctx, unix.RTM_GETLINK, netlink.Request, req)
+	msgs, err := c.execute(ctx, rtmGetLink, netlink.Request, req)
 	if isNoDevice(err) {
 		return Link{}, ErrLinkGone
 	}
@@ -88,8 +88,8 @@ func (c *Conn) DeleteVerified(ctx context.Context, want Expect) error {
 	if _, err := c.Verify(ctx, want); err != nil {
 		return fmt.Errorf("delete link %s: %w", want.Name, err)
 	}
-	_, err := c.execute(ctx, unix.RTM_DELLINK, netlink.Request|netlink.Acknowledge,
-		&rtnetlink.LinkMessage{Family: unix.AF_UNSPEC, Index: want.Index})
+	_, err := c.execute(ctx, rtmDelLink, netlink.Request|netlink.Acknowledge,
+		&rtnetlink.LinkMessage{Family: afUnspec, Index: want.Index})
 	if isNoDevice(err) {
 		err = ErrLinkGone
 	}
@@ -113,7 +113,7 @@ type Change struct {
 // Set applies ch to the link index in one request, so that a reader never
 // sees a partial change.
 func (c *Conn) Set(ctx context.Context, index uint32, ch Change) error {
-	req := &rtnetlink.LinkMessage{Family: unix.AF_UNSPEC, Index: index, Attributes: &rtnetlink.LinkAttributes{
+	req := &rtnetlink.LinkMessage{Family: afUnspec, Index: index, Attributes: &rtnetlink.LinkAttributes{
 		Name:   ch.Name,
 		Alias:  ch.Alias,
 		Master: ch.Master,
@@ -131,9 +131,9 @@ func (c *Conn) Set(ctx context.Context, index uint32, ch Change) error {
 	}
 	if ch.Group != nil {
 		// rtnetlink decodes IFLA_GROUP but does not encode it.
-		data = appendUint32Attr(data, unix.IFLA_GROUP, *ch.Group)
+		data = appendUint32Attr(data, iflaGroup, *ch.Group)
 	}
-	_, err = c.executeRaw(ctx, unix.RTM_NEWLINK, netlink.Request|netlink.Acknowledge, data)
+	_, err = c.executeRaw(ctx, rtmNewLink, netlink.Request|netlink.Acknowledge, data)
 	if isNoDevice(err) {
 		err = ErrLinkGone
 	}
@@ -146,7 +146,7 @@ func (c *Conn) Set(ctx context.Context, index uint32, ch Change) error {
 // Create adds a link described by m (a VRF, a bridge). It fails with EEXIST
 // when a link of that name exists.
 func (c *Conn) Create(ctx context.Context, m *rtnetlink.LinkMessage) error {
-	_, err := c.execute(ctx, unix.RTM_NEWLINK, netlink.Request|netlink.Acknowledge|netlink.Create|netlink.Excl, m)
+	_, err := c.execute(ctx, rtmNewLink, netlink.Request|netlink.Acknowledge|netlink.Create|netlink.Excl, m)
 	if err != nil {
 		name := ""
 		if m.Attributes != nil {
@@ -176,12 +176,12 @@ func (c *Conn) DeleteGroup(ctx context.Context, group uint32) error {
 	if group == 0 {
 		return ErrDefaultGroup
 	}
-	data, err := (&rtnetlink.LinkMessage{Family: unix.AF_UNSPEC}).MarshalBinary()
+	data, err := (&rtnetlink.LinkMessage{Family: afUnspec}).MarshalBinary()
 	if err != nil {
 		return fmt.Errorf("delete link group %d: %w", group, err)
 	}
-	data = appendUint32Attr(data, unix.IFLA_GROUP, group)
-	if _, err := c.executeRaw(ctx, unix.RTM_DELLINK, netlink.Request|netlink.Acknowledge, data); err != nil {
+	data = appendUint32Attr(data, iflaGroup, group)
+	if _, err := c.executeRaw(ctx, rtmDelLink, netlink.Request|netlink.Acknowledge, data); err != nil {
 		return fmt.Errorf("delete link group %d: %w", group, err)
 	}
 	return nil

@@ -7,7 +7,6 @@ import (
 
 	"github.com/jsimonetti/rtnetlink/v2"
 	"github.com/mdlayher/netlink"
-	"golang.org/x/sys/unix"
 )
 
 // Route is a directly connected route through one link.
@@ -25,21 +24,21 @@ func (c *Conn) ReplaceRoute(ctx context.Context, r Route) error {
 		return fmt.Errorf("replace route %v via ifindex %d: need a destination and a link", r.Dst, r.Link)
 	}
 	dst := r.Dst.Masked()
-	family := uint8(unix.AF_INET)
+	family := uint8(afInet)
 	if dst.Addr().Is6() {
-		family = unix.AF_INET6
+		family = afInet6
 	}
 	table := r.Table
 	if table == 0 {
-		table = unix.RT_TABLE_MAIN
+		table = rtTableMain
 	}
 	m := &rtnetlink.RouteMessage{
 		Family:    family,
 		DstLength: uint8(dst.Bits()),
-		Table:     unix.RT_TABLE_UNSPEC, // the RTA_TABLE attribute carries all 32 bits
-		Protocol:  unix.RTPROT_STATIC,
-		Scope:     unix.RT_SCOPE_LINK,
-		Type:      unix.RTN_UNICAST,
+		Table:     rtTableUnspec, // the RTA_TABLE attribute carries all 32 bits
+		Protocol:  rtprotStatic,
+		Scope:     rtScopeLink,
+		Type:      rtnUnicast,
 		Attributes: rtnetlink.RouteAttributes{
 			Dst:      dst.Addr().AsSlice(),
 			OutIface: r.Link,
@@ -49,7 +48,7 @@ func (c *Conn) ReplaceRoute(ctx context.Context, r Route) error {
 	if table < 256 {
 		m.Table = uint8(table)
 	}
-	_, err := c.execute(ctx, unix.RTM_NEWROUTE, netlink.Request|netlink.Acknowledge|netlink.Create|netlink.Replace, m)
+	_, err := c.execute(ctx, rtmNewRoute, netlink.Request|netlink.Acknowledge|netlink.Create|netlink.Replace, m)
 	if err != nil {
 		return fmt.Errorf("replace route %v table %d via ifindex %d: %w", dst, table, r.Link, err)
 	}
@@ -60,14 +59,14 @@ func (c *Conn) ReplaceRoute(ctx context.Context, r Route) error {
 // both families: what CNI CHECK compares with the routes ADD set up.
 func (c *Conn) RoutesVia(ctx context.Context, ifindex, table uint32) ([]netip.Prefix, error) {
 	var out []netip.Prefix
-	for _, family := range []uint8{unix.AF_INET, unix.AF_INET6} {
+	for _, family := range []uint8{afInet, afInet6} {
 		req := &rtnetlink.RouteMessage{Family: family}
-		msgs, err := c.execute(ctx, unix.RTM_GETROUTE, netlink.Request|netlink.Dump, req)
+		msgs, err := c.execute(ctx, rtmGetRoute, netlink.Request|netlink.Dump, req)
 		if err != nil {
 			return nil, fmt.Errorf("list routes via ifindex %d: %w", ifindex, err)
 		}
 		for _, msg := range msgs {
-			if msg.Header.Type != unix.RTM_NEWROUTE {
+			if msg.Header.Type != rtmNewRoute {
 				continue
 			}
 			var m rtnetlink.RouteMessage
