@@ -115,7 +115,7 @@ func readTokenFile(path string) (fileID, []tokenEntry, error) {
 	}
 	id := fileID{sum: sha256.Sum256(data)}
 	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-		id.dev, id.ino = st.Dev, st.Ino
+		id.dev, id.ino = uint64(st.Dev), st.Ino //nolint:unconvert // Dev is uint64 on Linux, int32 on darwin
 	}
 	entries, err := parseTokens(data)
 	if err != nil {
