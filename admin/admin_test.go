@@ -22,9 +22,9 @@ import (
 	"github.com/datum-cloud/galactic-node/ebpf/datapath"
 	"github.com/datum-cloud/galactic-node/internal/clustertest"
 	"github.com/datum-cloud/galactic-node/internal/syncbuf"
-	"github.com/datum-cloud/galactic-node/node/agent"
 	"github.com/datum-cloud/galactic-node/node/attachreg"
 	"github.com/datum-cloud/galactic-node/node/identity"
+	"github.com/datum-cloud/galactic-node/node/nodeview"
 	"github.com/datum-cloud/galactic-node/node/reclaim"
 )
 
@@ -48,7 +48,7 @@ type fakeBackend struct {
 	// pending, when set, is what Pending returns.
 	pending atomic.Pointer[[]reclaim.Pending]
 	// taps, when set, is what Taps returns.
-	taps atomic.Pointer[[]agent.TapView]
+	taps atomic.Pointer[[]nodeview.TapView]
 	// notReady, when set, is what Ready returns.
 	notReady atomic.Pointer[error]
 }
@@ -60,20 +60,20 @@ func (f *fakeBackend) Ready(context.Context) error {
 	}
 	return nil
 }
-func (f *fakeBackend) Status(ctx context.Context) agent.Status {
-	st := agent.Status{Ready: true, Maps: []agent.MapFill{{Name: "tenant_policy", Rows: 1, MaxEntries: 65536}}}
+func (f *fakeBackend) Status(ctx context.Context) nodeview.Status {
+	st := nodeview.Status{Ready: true, Maps: []nodeview.MapFill{{Name: "tenant_policy", Rows: 1, MaxEntries: 65536}}}
 	if err := f.Ready(ctx); err != nil {
 		st.Ready, st.Reason = false, err.Error()
 	}
 	return st
 }
-func (f *fakeBackend) Taps(context.Context) ([]agent.TapView, error) {
+func (f *fakeBackend) Taps(context.Context) ([]nodeview.TapView, error) {
 	f.touched.Add(1)
 	f.calls.Add(1)
 	if t := f.taps.Load(); t != nil {
 		return *t, nil
 	}
-	return []agent.TapView{{Name: "G000000010013H", Ifindex: 7, Identity: identity.Identity{VPC: 62, Attachment: 65}, VPC: "10", Attachment: "13", Owner: "sandbox-1", State: agent.StateCandidate}}, nil
+	return []nodeview.TapView{{Name: "G000000010013H", Ifindex: 7, Identity: identity.Identity{VPC: 62, Attachment: 65}, VPC: "10", Attachment: "13", Owner: "sandbox-1", State: nodeview.StateCandidate}}, nil
 }
 func (f *fakeBackend) Pending() []reclaim.Pending {
 	f.touched.Add(1)
@@ -94,9 +94,9 @@ func (f *fakeBackend) ForcePass(_ context.Context, dryRun bool) reclaim.Report {
 	return reclaim.Report{Result: reclaim.ResultCompleted, DryRun: dryRun}
 }
 func (f *fakeBackend) Reports() []reclaim.Report { f.touched.Add(1); return nil }
-func (f *fakeBackend) Maps(context.Context) ([]agent.MapView, error) {
+func (f *fakeBackend) Maps(context.Context) ([]nodeview.MapView, error) {
 	f.touched.Add(1)
-	return []agent.MapView{{Layout: datapath.Layout{Name: "traffic_policy"}}}, nil
+	return []nodeview.MapView{{Layout: datapath.Layout{Name: "traffic_policy"}}}, nil
 }
 func (f *fakeBackend) MapRows(name string, _ uint32, _ int) ([]datapath.Row[any, any], error) {
 	f.touched.Add(1)

@@ -13,9 +13,9 @@ import (
 
 	"github.com/datum-cloud/galactic-node/admin"
 	"github.com/datum-cloud/galactic-node/internal/syncbuf"
-	"github.com/datum-cloud/galactic-node/node/agent"
 	"github.com/datum-cloud/galactic-node/node/holder"
 	"github.com/datum-cloud/galactic-node/node/identity"
+	"github.com/datum-cloud/galactic-node/node/nodeview"
 )
 
 // TestTextTablesEscapeWhatOthersNamed serves taps whose holder name, owner
@@ -24,8 +24,8 @@ import (
 // one row per tap, and the JSON keeps the values exact.
 func TestTextTablesEscapeWhatOthersNamed(t *testing.T) {
 	s := start(t, admin.Config{})
-	taps := []agent.TapView{{Name: "G000000010013H", Ifindex: 7, Identity: identity.Identity{VPC: 62, Attachment: 65},
-		Owner: "sand\u202ebox\u009b", Holders: []holder.Holder{{PID: 42, Command: "\x1b[2J\nG0FAKE\r\xff\\"}}, State: agent.StateCandidate}}
+	taps := []nodeview.TapView{{Name: "G000000010013H", Ifindex: 7, Identity: identity.Identity{VPC: 62, Attachment: 65},
+		Owner: "sand\u202ebox\u009b", Holders: []holder.Holder{{PID: 42, Command: "\x1b[2J\nG0FAKE\r\xff\\"}}, State: nodeview.StateCandidate}}
 	s.backend.taps.Store(&taps)
 	_, body := s.do(t, "GET", "/v1/taps", readToken, nil, "Accept", "text/plain")
 	raw := body["raw"].(string)

@@ -15,8 +15,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/datum-cloud/galactic-node/ebpf/datapath"
-	"github.com/datum-cloud/galactic-node/node/agent"
 	"github.com/datum-cloud/galactic-node/node/attachreg"
+	"github.com/datum-cloud/galactic-node/node/nodeview"
 	"github.com/datum-cloud/galactic-node/node/reclaim"
 )
 
@@ -212,7 +212,7 @@ func dash(s string) string {
 	return s
 }
 
-func tapRows(taps []agent.TapView) tabular {
+func tapRows(taps []nodeview.TapView) tabular {
 	t := tabular{items: taps, header: []string{"NAME", "IFINDEX", "VPC", "ATT", "OWNER", "MASTER", "HELD", "HOLDERS", "CARRIED BY", "STATE"}}
 	for _, v := range taps {
 		var holders, carried []string
@@ -257,7 +257,7 @@ func reportRows(reps []reclaim.Report) tabular {
 	return t
 }
 
-func mapRows(maps []agent.MapView) tabular {
+func mapRows(maps []nodeview.MapView) tabular {
 	t := tabular{items: maps, header: []string{"NAME", "TYPE", "KEY", "VALUE", "MAX", "ROWS", "ORPHANS", "PER INTERFACE"}}
 	for _, m := range maps {
 		t.rows = append(t.rows, []string{m.Name, m.Type, strconv.Itoa(int(m.KeySize)), strconv.Itoa(int(m.ValueSize)),

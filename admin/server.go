@@ -36,20 +36,20 @@ import (
 	"github.com/go-chi/chi/v5"
 
 	"github.com/datum-cloud/galactic-node/ebpf/datapath"
-	"github.com/datum-cloud/galactic-node/node/agent"
 	"github.com/datum-cloud/galactic-node/node/attachreg"
+	"github.com/datum-cloud/galactic-node/node/nodeview"
 	"github.com/datum-cloud/galactic-node/node/reclaim"
 )
 
-// Backend is the node as the admin API sees it; *agent.Agent implements it.
+// Backend is the node as the admin API sees it; *nodeview.Views implements it.
 type Backend interface {
 	Ready(ctx context.Context) error
-	Status(ctx context.Context) agent.Status
-	Taps(ctx context.Context) ([]agent.TapView, error)
+	Status(ctx context.Context) nodeview.Status
+	Taps(ctx context.Context) ([]nodeview.TapView, error)
 	Pending() []reclaim.Pending
 	ForcePass(ctx context.Context, dryRun bool) reclaim.Report
 	Reports() []reclaim.Report
-	Maps(ctx context.Context) ([]agent.MapView, error)
+	Maps(ctx context.Context) ([]nodeview.MapView, error)
 	MapRows(name string, ifindex uint32, limit int) ([]datapath.Row[any, any], error)
 	InterfaceRows(ifindex uint32) (attachreg.InterfaceRows, error)
 }
@@ -348,7 +348,7 @@ func (h *handler) readyz(w http.ResponseWriter, r *http.Request) {
 type Status struct {
 	Version string `json:"version"`
 	Node    string `json:"node"`
-	agent.Status
+	nodeview.Status
 }
 
 func (h *handler) status(w http.ResponseWriter, r *http.Request) {
@@ -448,7 +448,7 @@ func (h *handler) mapRows(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case errors.Is(err, datapath.ErrUnknownMap):
 		writeError(w, r, http.StatusNotFound, err.Error())
-	case errors.Is(err, agent.ErrNotKeyedByInterface):
+	case errors.Is(err, nodeview.ErrNotKeyedByInterface):
 		writeError(w, r, http.StatusBadRequest, err.Error())
 	case err != nil:
 		writeError(w, r, http.StatusInternalServerError, err.Error())

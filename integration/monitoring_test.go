@@ -24,8 +24,8 @@ import (
 
 	"github.com/datum-cloud/galactic-node/hubctl"
 	"github.com/datum-cloud/galactic-node/internal/connlimit"
-	"github.com/datum-cloud/galactic-node/node/agent"
 	"github.com/datum-cloud/galactic-node/node/inventory"
+	"github.com/datum-cloud/galactic-node/node/nodeview"
 	"github.com/datum-cloud/galactic-node/node/reclaim/reclaimmetrics"
 )
 
@@ -171,7 +171,7 @@ func exported(t *testing.T) map[string]bool {
 		node.MustRegister(connlimit.New(nil, connlimit.Limits{}, l, nil).Collectors(l)...)
 	}
 	// The map collector reads the pinned maps when collected: described only.
-	record(node, (&agent.Agent{}).MapCollector())
+	record(node, (&nodeview.Views{}).MapCollector())
 
 	hub := prometheus.NewRegistry()
 	hub.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

@@ -30,12 +30,12 @@ import (
 	"github.com/datum-cloud/galactic-node/internal/connlimit"
 	"github.com/datum-cloud/galactic-node/internal/logging"
 	"github.com/datum-cloud/galactic-node/internal/logging/klogroute"
-	"github.com/datum-cloud/galactic-node/node/agent"
 	"github.com/datum-cloud/galactic-node/node/attachreg"
 	"github.com/datum-cloud/galactic-node/node/holder"
 	"github.com/datum-cloud/galactic-node/node/inventory"
 	"github.com/datum-cloud/galactic-node/node/inventory/kubeinventory"
 	"github.com/datum-cloud/galactic-node/node/link"
+	"github.com/datum-cloud/galactic-node/node/nodeview"
 	"github.com/datum-cloud/galactic-node/node/reclaim"
 	"github.com/datum-cloud/galactic-node/node/reclaim/reclaimmetrics"
 	"github.com/datum-cloud/galactic-node/node/vrf"
@@ -267,7 +267,7 @@ func runDaemon(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 	}
 	rcfg := reclaim.Config{DryRun: f.dryRun, MaxReclaimsPerPass: f.maxReclaims, MinCandidateAge: f.minCandidateAge, ProveTimeout: f.proofTimeout, Holders: holders}
 	reclaimer := reclaim.New(conn, inv, reclaimRegistry(registry, log), locks, metrics, log, rcfg)
-	ag := &agent.Agent{Links: conn, Inventory: inv, Reclaimer: reclaimer, Registry: registry, Datapath: dp, Holders: holders, MaxInventoryAge: f.inventoryMaxAge}
+	ag := &nodeview.Views{Links: conn, Inventory: inv, Reclaimer: reclaimer, Registry: registry, Datapath: dp, Holders: holders, MaxInventoryAge: f.inventoryMaxAge}
 	if err := reg.Register(ag.MapCollector()); err != nil {
 		return err
 	}

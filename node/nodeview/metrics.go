@@ -1,4 +1,4 @@
-package agent
+package nodeview
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
@@ -12,7 +12,7 @@ import (
 // decisions map was full: they were still judged, but their tenant's
 // counters miss them.
 type mapCollector struct {
-	a                *Agent
+	views            *Views
 	entries, maxRows *prometheus.Desc
 	overflow         *prometheus.Desc
 }
@@ -20,9 +20,9 @@ type mapCollector struct {
 // MapCollector returns a collector of galactic_ebpf_map_entries{map},
 // galactic_ebpf_map_max_entries{map} and
 // galactic_ebpf_decisions_overflow_total.
-func (a *Agent) MapCollector() prometheus.Collector {
+func (v *Views) MapCollector() prometheus.Collector {
 	return &mapCollector{
-		a:       a,
+		views:   v,
 		entries: prometheus.NewDesc("galactic_ebpf_map_entries", "Rows in each pinned eBPF map of the datapath.", []string{"map"}, nil),
 		maxRows: prometheus.NewDesc("galactic_ebpf_map_max_entries", "Capacity of each pinned eBPF map of the datapath.", []string{"map"}, nil),
 		overflow: prometheus.NewDesc("galactic_ebpf_decisions_overflow_total",
@@ -37,7 +37,7 @@ func (c *mapCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *mapCollector) Collect(ch chan<- prometheus.Metric) {
-	for _, t := range c.a.Datapath.Tables() {
+	for _, t := range c.views.Datapath.Tables() {
 		l := t.Layout()
 		ch <- prometheus.MustNewConstMetric(c.maxRows, prometheus.GaugeValue, float64(l.MaxEntries), l.Name)
 		rows, err := t.DumpAny(0)
@@ -49,7 +49,7 @@ func (c *mapCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	// The count lives in the pinned map, so it survives daemon restarts
 	// and only grows: a counter.
-	if n, err := c.a.Datapath.Unattributed.Get(datapath.ReasonDecisionsFull); err != nil {
+	if n, err := c.views.Datapath.Unattributed.Get(datapath.ReasonDecisionsFull); err != nil {
 		ch <- prometheus.NewInvalidMetric(c.overflow, err)
 	} else {
 		ch <- prometheus.MustNewConstMetric(c.overflow, prometheus.CounterValue, float64(n))

@@ -1,4 +1,4 @@
-package agent_test
+package nodeview_test
 
 import (
 	"strings"
@@ -8,7 +8,7 @@ import (
 
 	"github.com/datum-cloud/galactic-node/ebpf/datapath"
 	"github.com/datum-cloud/galactic-node/internal/nettest"
-	"github.com/datum-cloud/galactic-node/node/agent"
+	"github.com/datum-cloud/galactic-node/node/nodeview"
 )
 
 // The frames the program judged but could not count against their tenant
@@ -23,13 +23,13 @@ func TestDecisionsOverflowIsReported(t *testing.T) {
 	if err := dp.Unattributed.Put(datapath.ReasonDecisionsFull, 7); err != nil {
 		t.Fatal(err)
 	}
-	a := &agent.Agent{Datapath: dp}
+	views := &nodeview.Views{Datapath: dp}
 	want := `
 # HELP galactic_ebpf_decisions_overflow_total Frames judged but counted against no tenant because the decisions map was full (unattributed, reason decisions_full).
 # TYPE galactic_ebpf_decisions_overflow_total counter
 galactic_ebpf_decisions_overflow_total 7
 `
-	if err := testutil.CollectAndCompare(a.MapCollector(), strings.NewReader(want), "galactic_ebpf_decisions_overflow_total"); err != nil {
+	if err := testutil.CollectAndCompare(views.MapCollector(), strings.NewReader(want), "galactic_ebpf_decisions_overflow_total"); err != nil {
 		t.Fatal(err)
 	}
 }

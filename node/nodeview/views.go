@@ -2,7 +2,7 @@
 // registry) into the views an operator asks for: every tenant tap with who
 // holds it and who claims it, the pending candidates, pass reports, and eBPF
 // rows. The admin API serves these views; this package knows nothing of HTTP.
-package agent
+package nodeview
 
 import (
 	"context"
@@ -24,8 +24,9 @@ import (
 // are not keyed by an interface (the counters).
 var ErrNotKeyedByInterface = errors.New("map is not keyed by interface")
 
-// Agent is the running node.
-type Agent struct {
+// Views reads the node's parts to answer the operator's questions. It
+// owns none of them: the daemon makes and runs each.
+type Views struct {
 	Links     *link.Conn
 	Inventory inventory.Source
 	Reclaimer *reclaim.Reclaimer
@@ -69,8 +70,8 @@ type TapView struct {
 }
 
 // Taps returns every tenant tap.
-func (a *Agent) Taps(ctx context.Context) ([]TapView, error) {
-	links, err := a.Links.Links(ctx)
+func (v *Views) Taps(ctx context.Context) ([]TapView, error) {
+	links, err := v.Links.Links(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("list taps: %w", err)
 	}
@@ -78,45 +79,61 @@ func (a *Agent) Taps(ctx context.Context) ([]TapView, error) {
 	for _, l := range links {
 		names[l.Index] = l.Name
 	}
-	snap := a.Inventory.Snapshot(ctx)
+	snap := v.Inventory.Snapshot(ctx)
 	pending := map[uint32]reclaim.Pending{}
-	for _, p := range a.Reclaimer.Pending() {
+	for _, p := range v.Reclaimer.Pending() {
 		pending[p.Tap.Ifindex] = p
 	}
 	var scan holder.Scan
-	if a.Holders != nil {
-		scan = a.Holders.Scan(ctx)
+	if v.Holders != nil {
+		scan = v.Holders.Scan(ctx)
 	}
 	judge := holder.NewJudge(scanned{scan})
 	views := []TapView{}
 	for _, t := range link.TenantTaps(links) {
 		held, why := judge.Held(ctx, t)
-		v := TapView{
+		view := TapView{
 			Name: t.Name, Ifindex: t.Index, Identity: t.Identity, VPC: t.Identity.VPC.Base62(), Attachment: t.Identity.Attachment.Base62(),
 			Owner: t.Alias, Master: names[t.Master], MasterKind: t.MasterKind, Held: held, HeldWhy: why,
 			Holders: scan.Holders(t.Name), CarriedBy: snap.Carriers(t.Identity),
 		}
-		if v.CarriedBy == nil {
-			v.CarriedBy = []inventory.ObjectRef{}
+		if view.CarriedBy == nil {
+			view.CarriedBy = []inventory.ObjectRef{}
 		}
-		p, isPending := pending[t.Index]
-		switch {
-		case v.Held:
-			v.State = StateHeld
-		case len(v.CarriedBy) > 0:
-			v.State = StateLive
-		case !t.Stamped():
-			v.State = StateUnstamped
-		case isPending && p.Tap.Name == t.Name && p.Tap.Owner == t.Alias && p.Passes > 1:
-			v.State = StateConfirmed
-		case isPending && p.Tap.Name == t.Name && p.Tap.Owner == t.Alias:
-			v.State = StateCandidate
-		default:
-			v.State = StateStale
+		var tapPending *reclaim.Pending
+		if p, ok := pending[t.Index]; ok {
+			tapPending = &p
 		}
-		views = append(views, v)
+		view.State = tapState(t, view.Held, len(view.CarriedBy) > 0, tapPending)
+		views = append(views, view)
 	}
 	return views, nil
+}
+
+// tapState decides a tap's state from what protects it, the most protected
+// first: a held tap reads held whatever the inventory says (removing it
+// would pull it from under its process), a live one reads live even when a
+// pass found it stale before (it is no longer reclaimable), and an unstamped
+// one is never reclaimed, so no pass history applies to it. pending is the
+// reclaim's entry at t's ifindex, or nil; it counts only when it names this
+// very tap (same name and owner): the kernel reuses ifindexes, and an entry
+// for a tap since replaced says nothing of the new one.
+func tapState(t link.Tap, held, live bool, pending *reclaim.Pending) string {
+	isThisTap := pending != nil && pending.Tap.Name == t.Name && pending.Tap.Owner == t.Alias
+	switch {
+	case held:
+		return StateHeld
+	case live:
+		return StateLive
+	case !t.Stamped():
+		return StateUnstamped
+	case isThisTap && pending.Passes > 1:
+		return StateConfirmed
+	case isThisTap:
+		return StateCandidate
+	default:
+		return StateStale
+	}
 }
 
 // scanned serves one scan already taken, so that a view scans processes once.
@@ -125,8 +142,8 @@ type scanned struct{ scan holder.Scan }
 func (s scanned) Scan(context.Context) holder.Scan { return s.scan }
 
 // Pending returns the candidates awaiting confirmation, oldest first.
-func (a *Agent) Pending() []reclaim.Pending {
-	p := a.Reclaimer.Pending()
+func (v *Views) Pending() []reclaim.Pending {
+	p := v.Reclaimer.Pending()
 	slices.SortFunc(p, func(x, y reclaim.Pending) int { return x.FirstSeen.Compare(y.FirstSeen) })
 	return p
 }
@@ -134,29 +151,29 @@ func (a *Agent) Pending() []reclaim.Pending {
 // ForcePass runs a pass now, after any in flight. The pass is not tied to
 // the caller's cancellation: a client that hangs up, or a daemon shutting
 // down, must not stop a removal half-way.
-func (a *Agent) ForcePass(ctx context.Context, dryRun bool) reclaim.Report {
-	return a.Reclaimer.Pass(context.WithoutCancel(ctx), reclaim.PassOptions{DryRun: dryRun})
+func (v *Views) ForcePass(ctx context.Context, dryRun bool) reclaim.Report {
+	return v.Reclaimer.Pass(context.WithoutCancel(ctx), reclaim.PassOptions{DryRun: dryRun})
 }
 
 // Reports returns recent pass reports, newest first.
-func (a *Agent) Reports() []reclaim.Report { return a.Reclaimer.Reports() }
+func (v *Views) Reports() []reclaim.Report { return v.Reclaimer.Reports() }
 
 // Ready returns nil when the maps are loaded and the inventory is synced
 // and reading.
-func (a *Agent) Ready(ctx context.Context) error {
-	if a.Datapath == nil {
+func (v *Views) Ready(ctx context.Context) error {
+	if v.Datapath == nil {
 		return errors.New("eBPF maps not loaded")
 	}
-	snap := a.Inventory.Snapshot(ctx)
+	snap := v.Inventory.Snapshot(ctx)
 	if snap.Err != nil {
 		return fmt.Errorf("inventory: %w", snap.Err)
 	}
 	if !snap.Synced {
 		return inventory.ErrNotSynced
 	}
-	if p, ok := a.Inventory.(inventory.Prover); ok && a.MaxInventoryAge > 0 {
-		if age := time.Since(p.ProvenAt()); age > a.MaxInventoryAge {
-			return fmt.Errorf("%w: last proven %s ago, bound %s", inventory.ErrNotProvenCurrent, age.Round(time.Second), a.MaxInventoryAge)
+	if p, ok := v.Inventory.(inventory.Prover); ok && v.MaxInventoryAge > 0 {
+		if age := time.Since(p.ProvenAt()); age > v.MaxInventoryAge {
+			return fmt.Errorf("%w: last proven %s ago, bound %s", inventory.ErrNotProvenCurrent, age.Round(time.Second), v.MaxInventoryAge)
 		}
 	}
 	return nil
@@ -196,21 +213,21 @@ type MapFill struct {
 
 // Status gathers readiness, the pass schedule, the last pass, the
 // inventory's health and how full each map is.
-func (a *Agent) Status(ctx context.Context) Status {
-	st := Status{Ready: true, Schedule: a.Reclaimer.Schedule(), Maps: []MapFill{}}
-	if err := a.Ready(ctx); err != nil {
+func (v *Views) Status(ctx context.Context) Status {
+	st := Status{Ready: true, Schedule: v.Reclaimer.Schedule(), Maps: []MapFill{}}
+	if err := v.Ready(ctx); err != nil {
 		st.Ready, st.Reason = false, err.Error()
 	}
-	if reps := a.Reclaimer.Reports(); len(reps) > 0 {
+	if reps := v.Reclaimer.Reports(); len(reps) > 0 {
 		r := reps[0]
 		st.LastPass = &PassSummary{Started: r.Started, Finished: r.Finished, Result: r.Result, Reason: r.Reason,
 			DryRun: r.DryRun, Reclaimed: len(r.Reclaimed), Failed: len(r.Failed)}
 	}
-	if p, ok := a.Inventory.(inventory.Prover); ok {
+	if p, ok := v.Inventory.(inventory.Prover); ok {
 		st.InventoryProvenAt = p.ProvenAt()
 	}
-	if a.Datapath != nil {
-		for _, t := range a.Datapath.Tables() {
+	if v.Datapath != nil {
+		for _, t := range v.Datapath.Tables() {
 			l := t.Layout()
 			fill := MapFill{Name: l.Name, Type: l.Type, MaxEntries: l.MaxEntries, Rows: -1} // -1: could not be counted
 			if rows, err := t.DumpAny(0); err == nil {
@@ -233,14 +250,14 @@ type MapView struct {
 }
 
 // Maps describes every map of the datapath.
-func (a *Agent) Maps(ctx context.Context) ([]MapView, error) {
-	orphans, err := a.orphansByMap(ctx)
+func (v *Views) Maps(ctx context.Context) ([]MapView, error) {
+	orphans, err := v.orphansByMap(ctx)
 	if err != nil {
 		return nil, err
 	}
-	per := a.Registry.PerInterfaceMaps()
+	per := v.Registry.PerInterfaceMaps()
 	var out []MapView
-	for _, t := range a.Datapath.Tables() {
+	for _, t := range v.Datapath.Tables() {
 		rows, err := t.DumpAny(0)
 		if err != nil {
 			return nil, err
@@ -251,8 +268,8 @@ func (a *Agent) Maps(ctx context.Context) ([]MapView, error) {
 }
 
 // orphansByMap counts, per map, the rows of ifindexes that have no link.
-func (a *Agent) orphansByMap(ctx context.Context) (map[string]int, error) {
-	links, err := a.Links.Links(ctx)
+func (v *Views) orphansByMap(ctx context.Context) (map[string]int, error) {
+	links, err := v.Links.Links(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("count orphan rows: %w", err)
 	}
@@ -260,7 +277,7 @@ func (a *Agent) orphansByMap(ctx context.Context) (map[string]int, error) {
 	for _, l := range links {
 		live[l.Index] = true
 	}
-	regs, err := a.Registry.Registered()
+	regs, err := v.Registry.Registered()
 	if err != nil {
 		return nil, err
 	}
@@ -279,17 +296,17 @@ func (a *Agent) orphansByMap(ctx context.Context) (map[string]int, error) {
 // MapRows returns up to limit rows of the map called name; a non-zero
 // ifindex keeps only that interface's rows. An unknown name is
 // datapath.ErrUnknownMap.
-func (a *Agent) MapRows(name string, ifindex uint32, limit int) ([]datapath.Row[any, any], error) {
+func (v *Views) MapRows(name string, ifindex uint32, limit int) ([]datapath.Row[any, any], error) {
 	if ifindex == 0 {
-		return a.Registry.Dump(name, limit)
+		return v.Registry.Dump(name, limit)
 	}
-	if _, err := a.Datapath.Table(name); err != nil {
+	if _, err := v.Datapath.Table(name); err != nil {
 		return nil, err
 	}
-	if !slices.Contains(a.Registry.PerInterfaceMaps(), name) {
+	if !slices.Contains(v.Registry.PerInterfaceMaps(), name) {
 		return nil, fmt.Errorf("map %s: %w", name, ErrNotKeyedByInterface)
 	}
-	rows, err := a.Registry.Dump(name, 0)
+	rows, err := v.Registry.Dump(name, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -316,6 +333,6 @@ func keyIfindex(k any) uint32 {
 }
 
 // InterfaceRows returns every row of one interface across the maps.
-func (a *Agent) InterfaceRows(ifindex uint32) (attachreg.InterfaceRows, error) {
-	return a.Registry.Rows(ifindex)
+func (v *Views) InterfaceRows(ifindex uint32) (attachreg.InterfaceRows, error) {
+	return v.Registry.Rows(ifindex)
 }
