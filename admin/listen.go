@@ -1,7 +1,6 @@
 package admin
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -16,28 +15,21 @@ import (
 	"github.com/datum-cloud/galactic-node/internal/connlimit"
 )
 
-// Bounds of the daemon's listeners; SECURITY.md states them with the
-// figures measured under a flood. Every connection costs at most a header's
-// worth of memory plus buffers, and there are at most so many of them.
+// Bounds of the admin listeners; SECURITY.md states them with the figures
+// measured under a flood (the metrics port's are internal/metricsserve's).
+// Every connection costs at most a header's worth of memory plus buffers,
+// and there are at most so many of them.
 const (
 	// AdminMaxHeaderBytes leaves room for a Kubernetes token (a JWT of a
 	// few KiB) in Authorization.
 	AdminMaxHeaderBytes = 16 << 10
-	// MetricsMaxHeaderBytes is plenty for a scrape or a kubelet probe.
-	MetricsMaxHeaderBytes = 4 << 10
 	// Open connections per listener from other hosts, from one IP address
 	// of theirs, and from this host itself (loopback, or the address it
-	// reached: the kubelet probing a host-network pod), which a flood from
-	// elsewhere cannot take. A unix socket is bound only by AdminMaxConns.
-	AdminMaxConns            = 64
-	AdminMaxConnsPerSource   = 8
-	AdminMaxConnsFromHost    = 8
-	MetricsMaxConns          = 64
-	MetricsMaxConnsPerSource = 8
-	MetricsMaxConnsFromHost  = 8
-	// MetricsMaxScrapes bounds concurrent /metrics requests (503 beyond):
-	// each walks every eBPF map.
-	MetricsMaxScrapes = 4
+	// reached), which a flood from elsewhere cannot take. A unix socket is
+	// bound only by AdminMaxConns.
+	AdminMaxConns          = 64
+	AdminMaxConnsPerSource = 8
+	AdminMaxConnsFromHost  = 8
 	// SocketFolderMode is the mode of a socket folder the daemon creates.
 	SocketFolderMode = 0o750
 )
@@ -60,58 +52,10 @@ func NewServer(h http.Handler, log *slog.Logger) *http.Server {
 	}
 }
 
-// NewMetricsServer wraps h (MetricsHandler) in an http.Server for the
-// metrics port, which any host on the node's network may reach: small
-// headers and short timeouts.
-func NewMetricsServer(h http.Handler, log *slog.Logger) *http.Server {
-	return &http.Server{
-		Handler:           h,
-		ReadHeaderTimeout: 5 * time.Second,
-		ReadTimeout:       10 * time.Second,
-		WriteTimeout:      30 * time.Second,
-		IdleTimeout:       30 * time.Second,
-		MaxHeaderBytes:    MetricsMaxHeaderBytes,
-		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
-	}
-}
-
-// LimitAdmin and LimitMetrics bound the connections of a listener; name
-// says which in the log.
+// LimitAdmin bounds the connections of an admin listener; name says which
+// in the log. The metrics port's are internal/metricsserve's.
 func LimitAdmin(l net.Listener, name string, log *slog.Logger) *connlimit.Listener {
 	return connlimit.New(l, connlimit.Limits{Total: AdminMaxConns, PerSource: AdminMaxConnsPerSource, Self: AdminMaxConnsFromHost}, name, log)
-}
-
-func LimitMetrics(l net.Listener, name string, log *slog.Logger) *connlimit.Listener {
-	return connlimit.New(l, connlimit.Limits{Total: MetricsMaxConns, PerSource: MetricsMaxConnsPerSource, Self: MetricsMaxConnsFromHost}, name, log)
-}
-
-// MetricsHandler serves metrics on /metrics and the kubelet probes beside
-// them (the admin API may be on a unix socket only): /healthz fails when
-// live does (the liveness probe restarts the daemon), /readyz when ready
-// does. The probes answer anyone, so they say only "ok", "stuck", "ready"
-// or "not ready"; the reasons are in the log and /v1/status.
-func MetricsHandler(metrics http.Handler, live, ready func(context.Context) error) http.Handler {
-	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", metrics)
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		if live(r.Context()) != nil {
-			w.WriteHeader(http.StatusServiceUnavailable)
-			fmt.Fprintln(w, "stuck")
-			return
-		}
-		fmt.Fprintln(w, "ok")
-	})
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		if ready(r.Context()) != nil {
-			w.WriteHeader(http.StatusServiceUnavailable)
-			fmt.Fprintln(w, "not ready")
-			return
-		}
-		fmt.Fprintln(w, "ready")
-	})
-	return mux
 }
 
 // ListenUnix listens on the admin socket path with mode 0600, or, given a

@@ -36,6 +36,7 @@ import (
 	"github.com/go-chi/chi/v5"
 
 	"github.com/datum-cloud/galactic-node/ebpf/datapath"
+	"github.com/datum-cloud/galactic-node/internal/metricsserve"
 	"github.com/datum-cloud/galactic-node/node/attachreg"
 	"github.com/datum-cloud/galactic-node/node/nodeview"
 	"github.com/datum-cloud/galactic-node/node/reclaim"
@@ -64,6 +65,9 @@ type Config struct {
 	Peers *PeerPolicy
 	// Version and Node are shown by GET /v1/status.
 	Version, Node string
+	// Live is the liveness check /healthz answers with, the metrics port's
+	// (internal/metricsserve); nil is always live.
+	Live metricsserve.Probe
 	// ForcesPerMinute bounds POST /v1/passes; beyond it callers get 429.
 	// 0 (or less) disables forced passes: every POST /v1/passes gets 403.
 	ForcesPerMinute int
@@ -115,10 +119,9 @@ func NewHandler(b Backend, cfg Config) http.Handler {
 	// Every route names the query parameters it reads (accepts); any other
 	// is refused before the handler runs. On /v1 the check follows
 	// authorize, so an unauthenticated caller learns nothing of them.
-	r.With(accepts()).Get("/healthz", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, r, http.StatusOK, map[string]string{"status": "ok"})
-	})
-	r.With(accepts()).Get("/readyz", h.readyz)
+	// The probes are the metrics port's, written once there.
+	r.With(accepts()).Get("/healthz", metricsserve.Live(cfg.Live))
+	r.With(accepts()).Get("/readyz", metricsserve.Ready(b.Ready))
 	r.Route("/v1", func(r chi.Router) {
 		r.Group(func(r chi.Router) {
 			r.Use(h.authorize(RoleRead, "get"))
@@ -334,14 +337,6 @@ func (h *handler) limitBody(next http.Handler) http.Handler {
 
 // readyz answers anyone, so it says only ready or not: why not names
 // files and internal errors, and is on /v1/status.
-func (h *handler) readyz(w http.ResponseWriter, r *http.Request) {
-	if err := h.b.Ready(r.Context()); err != nil {
-		writeJSON(w, r, http.StatusServiceUnavailable, map[string]string{"status": "not ready"})
-		return
-	}
-	writeJSON(w, r, http.StatusOK, map[string]string{"status": "ready"})
-}
-
 // Status is GET /v1/status: the daemon's version and node, readiness and,
 // when not ready, why, the pass schedule, the last pass, the inventory's
 // health and how full each map is.

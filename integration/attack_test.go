@@ -43,6 +43,7 @@ import (
 
 	"github.com/datum-cloud/galactic-node/admin"
 	"github.com/datum-cloud/galactic-node/internal/clustertest"
+	"github.com/datum-cloud/galactic-node/internal/metricsserve"
 	"github.com/datum-cloud/galactic-node/internal/nettest"
 	"github.com/datum-cloud/galactic-node/internal/syncbuf"
 	"github.com/datum-cloud/galactic-node/node/inventory/kubeinventory"
@@ -425,8 +426,8 @@ func TestFloodsLeaveTheDaemonBoundedAndAnswering(t *testing.T) {
 			t.Errorf("the probe from %s during the flood: %d %.200s", src, code, body)
 		}
 	}
-	if held := open("metrics"); held <= admin.MetricsMaxConns {
-		t.Errorf("the metrics port held %d connections while the node read it, want all %d remote slots and the node's", held, admin.MetricsMaxConns)
+	if held := open("metrics"); held <= metricsserve.MaxConns {
+		t.Errorf("the metrics port held %d connections while the node read it, want all %d remote slots and the node's", held, metricsserve.MaxConns)
 	}
 	if code, body := callIn(atk.File, "10.251.0.2", metrics, false, "/healthz", ""); code != 0 {
 		t.Errorf("another host's fresh address while the flood holds every remote slot: %d %.100s, want refused", code, body)

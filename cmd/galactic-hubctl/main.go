@@ -11,15 +11,12 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -33,6 +30,7 @@ import (
 	"github.com/datum-cloud/galactic-node/internal/envflag"
 	"github.com/datum-cloud/galactic-node/internal/logging"
 	"github.com/datum-cloud/galactic-node/internal/logging/klogroute"
+	"github.com/datum-cloud/galactic-node/internal/metricsserve"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -167,17 +165,17 @@ func runEnv(ctx context.Context, args, environ []string, stdout, stderr io.Write
 		if err != nil {
 			return fmt.Errorf("listen %s: %w", *listen, err)
 		}
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
-		mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		ready := func(context.Context) error {
 			if !networks.HasSynced() || !claims.HasSynced() {
-				http.Error(w, "network or claim cache not synced", http.StatusServiceUnavailable)
-				return
+				return errors.New("network or claim cache not synced")
 			}
-			fmt.Fprintln(w, "ready")
-		})
-		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: 30 * time.Second}
+			return nil
+		}
+		// The node daemon's listener, bounds and probes (internal/metricsserve).
+		bounded := metricsserve.Limit(l, "metrics", log)
+		reg.MustRegister(bounded.Collectors("metrics")...)
+		srv := metricsserve.NewServer(metricsserve.Handler(reg, nil, ready), log)
+		l = bounded
 		go func() { _ = srv.Serve(l) }()
 		defer func() { _ = srv.Close() }()
 		log.Info("serving metrics and health", "address", l.Addr().String())

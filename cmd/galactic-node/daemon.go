@@ -17,7 +17,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -30,6 +29,7 @@ import (
 	"github.com/datum-cloud/galactic-node/internal/connlimit"
 	"github.com/datum-cloud/galactic-node/internal/logging"
 	"github.com/datum-cloud/galactic-node/internal/logging/klogroute"
+	"github.com/datum-cloud/galactic-node/internal/metricsserve"
 	"github.com/datum-cloud/galactic-node/node/attachreg"
 	"github.com/datum-cloud/galactic-node/node/holder"
 	"github.com/datum-cloud/galactic-node/node/inventory"
@@ -303,11 +303,19 @@ func runDaemon(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 		}()
 	}
 
+	// live is the liveness probe, on the metrics port and the admin API.
+	live := func(context.Context) error {
+		err := reclaimer.Stuck(time.Now(), f.passStuckAfter)
+		if err != nil {
+			log.Error("liveness fails", "error", err)
+		}
+		return err
+	}
 	if f.adminSocket != "" || f.adminListen != "" {
 		if f.adminForcesPerMinute == 0 {
 			log.Info("forced passes are disabled (--admin-forces-per-minute 0)")
 		}
-		acfg := admin.Config{ForcesPerMinute: f.adminForcesPerMinute, Log: log, Version: buildinfo.Version(version), Node: f.nodeName, Peers: &admin.PeerPolicy{}}
+		acfg := admin.Config{ForcesPerMinute: f.adminForcesPerMinute, Log: log, Version: buildinfo.Version(version), Node: f.nodeName, Peers: &admin.PeerPolicy{}, Live: live}
 		if f.adminReadGroup != "" {
 			gid, err := lookupGroup(f.adminReadGroup)
 			if err != nil {
@@ -373,17 +381,8 @@ func runDaemon(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 		if err != nil {
 			return fmt.Errorf("metrics listen %s: %w", f.metricsListen, err)
 		}
-		// Each scrape walks every eBPF map: anyone who reaches the port
-		// may not run many at once.
-		metricsHandler := promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg,
-			MaxRequestsInFlight: admin.MetricsMaxScrapes, Timeout: 20 * time.Second})
-		serve(admin.NewMetricsServer(admin.MetricsHandler(metricsHandler, func(context.Context) error {
-			err := reclaimer.Stuck(time.Now(), f.passStuckAfter)
-			if err != nil {
-				log.Error("liveness fails", "error", err)
-			}
-			return err
-		}, ag.Ready), log), admin.LimitMetrics(l, "metrics", log), "metrics")
+		h := metricsserve.Handler(reg, live, ag.Ready)
+		serve(metricsserve.NewServer(h, log), metricsserve.Limit(l, "metrics", log), "metrics")
 		log.Info("metrics listening", "address", l.Addr().String())
 	}
 
