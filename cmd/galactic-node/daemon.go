@@ -31,13 +31,13 @@ import (
 	"github.com/datum-cloud/galactic-node/internal/logging/klogroute"
 	"github.com/datum-cloud/galactic-node/internal/metricsserve"
 	"github.com/datum-cloud/galactic-node/node/attachreg"
-	"github.com/datum-cloud/galactic-node/node/holder"
 	"github.com/datum-cloud/galactic-node/node/inventory"
 	"github.com/datum-cloud/galactic-node/node/inventory/kubeinventory"
 	"github.com/datum-cloud/galactic-node/node/link"
 	"github.com/datum-cloud/galactic-node/node/nodeview"
 	"github.com/datum-cloud/galactic-node/node/reclaim"
 	"github.com/datum-cloud/galactic-node/node/reclaim/reclaimmetrics"
+	"github.com/datum-cloud/galactic-node/node/tun/holder"
 	"github.com/datum-cloud/galactic-node/node/vrf"
 )
 

@@ -15,10 +15,10 @@ import (
 
 	"github.com/datum-cloud/galactic-node/ebpf/datapath"
 	"github.com/datum-cloud/galactic-node/node/attachreg"
-	"github.com/datum-cloud/galactic-node/node/holder"
 	"github.com/datum-cloud/galactic-node/node/link"
 	"github.com/datum-cloud/galactic-node/node/tap"
 	"github.com/datum-cloud/galactic-node/node/teardown"
+	"github.com/datum-cloud/galactic-node/node/tun/holder"
 	"github.com/datum-cloud/galactic-node/node/vrf"
 )
 

@@ -25,7 +25,6 @@ import (
 	"github.com/datum-cloud/galactic-node/internal/clustertest"
 	"github.com/datum-cloud/galactic-node/internal/nettest"
 	"github.com/datum-cloud/galactic-node/node/attachreg"
-	"github.com/datum-cloud/galactic-node/node/holder"
 	"github.com/datum-cloud/galactic-node/node/identity"
 	"github.com/datum-cloud/galactic-node/node/inventory"
 	"github.com/datum-cloud/galactic-node/node/inventory/kubeinventory"
@@ -34,6 +33,7 @@ import (
 	"github.com/datum-cloud/galactic-node/node/reclaim/reclaimmetrics"
 	"github.com/datum-cloud/galactic-node/node/tap"
 	"github.com/datum-cloud/galactic-node/node/tun"
+	"github.com/datum-cloud/galactic-node/node/tun/holder"
 	"github.com/datum-cloud/galactic-node/node/vrf"
 )
 

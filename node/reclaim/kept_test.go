@@ -8,12 +8,12 @@ import (
 	"testing"
 
 	"github.com/datum-cloud/galactic-node/internal/nettest"
-	"github.com/datum-cloud/galactic-node/node/holder"
 	"github.com/datum-cloud/galactic-node/node/identity"
 	"github.com/datum-cloud/galactic-node/node/inventory"
 	"github.com/datum-cloud/galactic-node/node/link"
 	"github.com/datum-cloud/galactic-node/node/reclaim"
 	"github.com/datum-cloud/galactic-node/node/tun"
+	"github.com/datum-cloud/galactic-node/node/tun/holder"
 )
 
 // holdAt wraps the real link layer and makes a VMM open one tap at one point

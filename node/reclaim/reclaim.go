@@ -26,10 +26,10 @@ import (
 	"sync"
 	"time"
 
-	"github.com/datum-cloud/galactic-node/node/holder"
 	"github.com/datum-cloud/galactic-node/node/inventory"
 	"github.com/datum-cloud/galactic-node/node/link"
 	"github.com/datum-cloud/galactic-node/node/teardown"
+	"github.com/datum-cloud/galactic-node/node/tun/holder"
 )
 
 // Links is what a pass needs of the link layer; *link.Conn implements it.

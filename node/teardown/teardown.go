@@ -25,9 +25,9 @@ import (
 	"slices"
 	"time"
 
-	"github.com/datum-cloud/galactic-node/node/holder"
 	"github.com/datum-cloud/galactic-node/node/identity"
 	"github.com/datum-cloud/galactic-node/node/link"
+	"github.com/datum-cloud/galactic-node/node/tun/holder"
 )
 
 // Links is what a teardown needs of the link layer; *link.Conn implements it.

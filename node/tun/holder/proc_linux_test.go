@@ -8,10 +8,10 @@ import (
 	"testing"
 
 	"github.com/datum-cloud/galactic-node/internal/nettest"
-	"github.com/datum-cloud/galactic-node/node/holder"
 	"github.com/datum-cloud/galactic-node/node/identity"
 	"github.com/datum-cloud/galactic-node/node/link"
 	"github.com/datum-cloud/galactic-node/node/tun"
+	"github.com/datum-cloud/galactic-node/node/tun/holder"
 )
 
 func readTap(t *testing.T, c *link.Conn, name string) link.Tap {
