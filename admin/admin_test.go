@@ -141,7 +141,7 @@ func start(t *testing.T, cfg admin.Config) *server {
 		cfg.ForcesPerMinute = 6 // the daemon's default; 0 would disable forcing
 	}
 	cfg.Log = slog.New(slog.NewJSONHandler(s.logs, nil))
-	s.srv = admin.NewServer(admin.NewHandler(s.backend, cfg), cfg.Log)
+	s.srv = admin.NewServer(admin.NewHandler(admin.BackendOf(s.backend), cfg), cfg.Log)
 	s.srv.ReadHeaderTimeout = 300 * time.Millisecond
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -429,7 +429,7 @@ var routes = []struct {
 func TestEveryRouteRefusesAnUnknownParameter(t *testing.T) {
 	s := start(t, admin.Config{ForcesPerMinute: 1000})
 	served := map[string]bool{}
-	if err := chi.Walk(admin.NewHandler(&fakeBackend{}, admin.Config{}).(chi.Routes), func(method, route string, _ http.Handler, _ ...func(http.Handler) http.Handler) error {
+	if err := chi.Walk(admin.NewHandler(admin.BackendOf(&fakeBackend{}), admin.Config{}).(chi.Routes), func(method, route string, _ http.Handler, _ ...func(http.Handler) http.Handler) error {
 		served[method+" "+route] = true
 		return nil
 	}); err != nil {

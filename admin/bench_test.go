@@ -26,7 +26,7 @@ func BenchmarkPendingWithAuthAt64Clients(b *testing.B) {
 		b.Fatal(err)
 	}
 	backend := &fakeBackend{}
-	ours := admin.NewHandler(backend, admin.Config{Tokens: tokens, Log: slog.New(slog.DiscardHandler)})
+	ours := admin.NewHandler(admin.BackendOf(backend), admin.Config{Tokens: tokens, Log: slog.New(slog.DiscardHandler)})
 	body, _ := json.MarshalIndent(map[string]any{"items": backend.Pending()}, "", "  ")
 	bare := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")

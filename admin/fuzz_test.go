@@ -27,7 +27,7 @@ func FuzzAdminRequests(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	h := admin.NewHandler(&fakeBackend{}, admin.Config{Tokens: tokens, ForcesPerMinute: 1 << 30, Log: slog.New(slog.DiscardHandler)})
+	h := admin.NewHandler(admin.BackendOf(&fakeBackend{}), admin.Config{Tokens: tokens, ForcesPerMinute: 1 << 30, Log: slog.New(slog.DiscardHandler)})
 	f.Fuzz(func(t *testing.T, method, path, query, body string) {
 		if method != "GET" && method != "POST" && method != "DELETE" {
 			method = "GET"

@@ -42,17 +42,49 @@ import (
 	"github.com/datum-cloud/galactic-node/node/reclaim"
 )
 
-// Backend is the node as the admin API sees it; *nodeview.Views implements it.
-type Backend interface {
+// Health answers the probes and GET /v1/status.
+type Health interface {
 	Ready(ctx context.Context) error
 	Status(ctx context.Context) nodeview.Status
+}
+
+// Taps answers GET /v1/taps and /v1/taps/pending.
+type Taps interface {
 	Taps(ctx context.Context) ([]nodeview.TapView, error)
 	Pending() []reclaim.Pending
-	ForcePass(ctx context.Context, dryRun bool) reclaim.Report
+}
+
+// Passes answers GET /v1/passes and runs POST /v1/passes.
+type Passes interface {
 	Reports() []reclaim.Report
+	ForcePass(ctx context.Context, dryRun bool) reclaim.Report
+}
+
+// EBPF answers GET /v1/ebpf/...: the maps, their rows, one interface's rows.
+type EBPF interface {
 	Maps(ctx context.Context) ([]nodeview.MapView, error)
 	MapRows(name string, ifindex uint32, limit int) ([]datapath.Row[any, any], error)
 	InterfaceRows(ifindex uint32) (attachreg.InterfaceRows, error)
+}
+
+// Backend is the node as the admin API sees it, one part per concern, so
+// that each route depends only on what it serves and a test may fake one
+// concern alone. Every part is required.
+type Backend struct {
+	Health Health
+	Taps   Taps
+	Passes Passes
+	EBPF   EBPF
+}
+
+// BackendOf serves every concern from one value, as *nodeview.Views can.
+func BackendOf(node interface {
+	Health
+	Taps
+	Passes
+	EBPF
+}) Backend {
+	return Backend{Health: node, Taps: node, Passes: node, EBPF: node}
 }
 
 // Config configures the handler.
@@ -100,8 +132,12 @@ const (
 	FailedAuthPerSecond = 2
 )
 
-// NewHandler returns the admin API's routes.
+// NewHandler returns the admin API's routes. A Backend missing a part is a
+// wiring mistake, and panics here rather than on the first request.
 func NewHandler(b Backend, cfg Config) http.Handler {
+	if b.Health == nil || b.Taps == nil || b.Passes == nil || b.EBPF == nil {
+		panic("admin: NewHandler needs every part of the Backend")
+	}
 	if cfg.MaxBodyBytes <= 0 {
 		cfg.MaxBodyBytes = 4 << 10
 	}
@@ -121,7 +157,7 @@ func NewHandler(b Backend, cfg Config) http.Handler {
 	// authorize, so an unauthenticated caller learns nothing of them.
 	// The probes are the metrics port's, written once there.
 	r.With(accepts()).Get("/healthz", metricsserve.Live(cfg.Live))
-	r.With(accepts()).Get("/readyz", metricsserve.Ready(b.Ready))
+	r.With(accepts()).Get("/readyz", metricsserve.Ready(b.Health.Ready))
 	r.Route("/v1", func(r chi.Router) {
 		r.Group(func(r chi.Router) {
 			r.Use(h.authorize(RoleRead, "get"))
@@ -347,11 +383,11 @@ type Status struct {
 }
 
 func (h *handler) status(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, r, http.StatusOK, Status{Version: h.cfg.Version, Node: h.cfg.Node, Status: h.b.Status(r.Context())})
+	writeJSON(w, r, http.StatusOK, Status{Version: h.cfg.Version, Node: h.cfg.Node, Status: h.b.Health.Status(r.Context())})
 }
 
 func (h *handler) taps(w http.ResponseWriter, r *http.Request) {
-	taps, err := h.b.Taps(r.Context())
+	taps, err := h.b.Taps.Taps(r.Context())
 	if err != nil {
 		writeError(w, r, http.StatusInternalServerError, err.Error())
 		return
@@ -360,15 +396,15 @@ func (h *handler) taps(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *handler) pending(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, r, http.StatusOK, pendingRows(h.b.Pending()))
+	writeJSON(w, r, http.StatusOK, pendingRows(h.b.Taps.Pending()))
 }
 
 func (h *handler) passes(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, r, http.StatusOK, reportRows(h.b.Reports()))
+	writeJSON(w, r, http.StatusOK, reportRows(h.b.Passes.Reports()))
 }
 
 func (h *handler) lastPass(w http.ResponseWriter, r *http.Request) {
-	reports := h.b.Reports()
+	reports := h.b.Passes.Reports()
 	if len(reports) == 0 {
 		writeError(w, r, http.StatusNotFound, "no pass has run yet")
 		return
@@ -407,11 +443,11 @@ func (h *handler) force(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	h.log.Info("pass forced", "dry_run", dryRun)
-	writeJSON(w, r, http.StatusOK, h.b.ForcePass(r.Context(), dryRun))
+	writeJSON(w, r, http.StatusOK, h.b.Passes.ForcePass(r.Context(), dryRun))
 }
 
 func (h *handler) maps(w http.ResponseWriter, r *http.Request) {
-	maps, err := h.b.Maps(r.Context())
+	maps, err := h.b.EBPF.Maps(r.Context())
 	if err != nil {
 		writeError(w, r, http.StatusInternalServerError, err.Error())
 		return
@@ -439,7 +475,7 @@ func (h *handler) mapRows(w http.ResponseWriter, r *http.Request) {
 		}
 		limit = n
 	}
-	rows, err := h.b.MapRows(chi.URLParam(r, "name"), ifindex, limit)
+	rows, err := h.b.EBPF.MapRows(chi.URLParam(r, "name"), ifindex, limit)
 	switch {
 	case errors.Is(err, datapath.ErrUnknownMap):
 		writeError(w, r, http.StatusNotFound, err.Error())
@@ -458,7 +494,7 @@ func (h *handler) interfaceRows(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, http.StatusBadRequest, err.Error())
 		return
 	}
-	rows, err := h.b.InterfaceRows(ifindex)
+	rows, err := h.b.EBPF.InterfaceRows(ifindex)
 	if err != nil {
 		writeError(w, r, http.StatusInternalServerError, err.Error())
 		return

@@ -349,7 +349,7 @@ func runDaemon(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 			}
 			acfg.Kube = admin.NewKubeAuth(cs, f.nodeName)
 		}
-		h := admin.NewHandler(ag, acfg)
+		h := admin.NewHandler(admin.BackendOf(ag), acfg)
 		if f.adminSocket != "" {
 			l, err := admin.ListenUnix(f.adminSocket, acfg.Peers.ReadGroup)
 			if err != nil {
