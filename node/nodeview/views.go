@@ -148,11 +148,10 @@ func (v *Views) Pending() []reclaim.Pending {
 	return p
 }
 
-// ForcePass runs a pass now, after any in flight. The pass is not tied to
-// the caller's cancellation: a client that hangs up, or a daemon shutting
-// down, must not stop a removal half-way.
+// ForcePass runs a pass now, after any in flight. Like every pass, it runs
+// to its end even if ctx is cancelled (see reclaim.Reclaimer.Pass).
 func (v *Views) ForcePass(ctx context.Context, dryRun bool) reclaim.Report {
-	return v.Reclaimer.Pass(context.WithoutCancel(ctx), reclaim.PassOptions{DryRun: dryRun})
+	return v.Reclaimer.Pass(ctx, reclaim.PassOptions{DryRun: dryRun})
 }
 
 // Reports returns recent pass reports, newest first.

@@ -129,7 +129,7 @@ func New(links Links, inv inventory.Source, reg Registry, locks Locker, obs Obse
 
 // Run runs a pass every interval until ctx ends; interval 0 means passes
 // only run when Pass is called. A pass in flight when ctx ends is finished
-// under its own deadline-free context, so no tap is left half-removed.
+// (Pass ignores cancellation), so no tap is left half-removed.
 func (r *Reclaimer) Run(ctx context.Context, interval time.Duration) {
 	if interval <= 0 {
 		<-ctx.Done()
@@ -141,7 +141,7 @@ func (r *Reclaimer) Run(ctx context.Context, interval time.Duration) {
 		r.mu.Lock()
 		r.loopInterval, r.loopTurned = interval, time.Now()
 		r.mu.Unlock()
-		r.Pass(context.WithoutCancel(ctx), PassOptions{})
+		r.Pass(ctx, PassOptions{})
 		select {
 		case <-ctx.Done():
 			return
@@ -220,7 +220,11 @@ type PassOptions struct {
 }
 
 // Pass runs one pass now, after any pass in flight, and returns its report.
+// The pass keeps ctx's values but not its cancellation or deadline: a
+// caller that gives up (a client hanging up, a daemon shutting down) must
+// not stop a removal half-way, so every caller gets this without asking.
 func (r *Reclaimer) Pass(ctx context.Context, opts PassOptions) Report {
+	ctx = context.WithoutCancel(ctx)
 	r.passMu.Lock()
 	defer r.passMu.Unlock()
 	r.mu.Lock()

@@ -352,6 +352,20 @@ func TestADryRunRemovesNothing(t *testing.T) {
 	}
 }
 
+// Pass detaches itself from its caller's cancellation: a caller that has
+// given up (a client gone, a daemon stopping) still gets a whole pass.
+func TestAPassRunsToItsEndUnderACancelledContext(t *testing.T) {
+	h := newHarness(liveInventory(), Config{})
+	idx := h.links.addTap(stale, "sandbox-2", 0, 0)
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	h.r.Pass(cancelled, PassOptions{})
+	rep := h.r.Pass(cancelled, PassOptions{})
+	if rep.Result != ResultCompleted || h.links.has(idx) || len(rep.Reclaimed) != 1 {
+		t.Fatalf("pass under a cancelled context: %+v; want the tap reclaimed", rep)
+	}
+}
+
 func TestRunPassesOnItsIntervalAndNotAtZero(t *testing.T) {
 	h := newHarness(liveInventory(), Config{})
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
