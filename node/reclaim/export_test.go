@@ -6,15 +6,36 @@ import (
 	"github.com/datum-cloud/galactic-node/node/inventory"
 	"github.com/datum-cloud/galactic-node/node/link"
 	"github.com/datum-cloud/galactic-node/node/link/driver"
+	"github.com/datum-cloud/galactic-node/node/tun/holder"
 )
 
 // BreakHeldCheck, BreakCarriedCheck and BreakRemoval are the deliberately
 // broken variants the chaos suite must catch: every holder check off, every
 // inventory check off, and no removal at all. They wrap the reclaimer's
 // inputs, so the product carries no switch for them.
-func (r *Reclaimer) BreakHeldCheck()    { r.links = unheldLinks{inner: r.links} }
+func (r *Reclaimer) BreakHeldCheck() {
+	r.useLinks(unheldLinks{inner: r.links})
+}
 func (r *Reclaimer) BreakCarriedCheck() { r.inv = uncarriedInventory{r.inv} }
 func (r *Reclaimer) BreakRemoval()      { r.cfg.DryRun = true }
+
+// useLinks replaces the link layer the reclaimer and its remover use.
+func (r *Reclaimer) useLinks(links Links) {
+	r.links = links
+	r.remover.Links = links
+}
+
+// useHolders replaces the holder scan the reclaimer and its remover use.
+func (r *Reclaimer) useHolders(holders holder.Scanner) {
+	r.cfg.Holders = holders
+	r.remover.Holders = holders
+}
+
+// useRegistry replaces the registry the reclaimer and its remover use.
+func (r *Reclaimer) useRegistry(reg Registry) {
+	r.reg = reg
+	r.remover.Registry = reg
+}
 
 // unheldLinks reports every tap as a multiqueue tap with no queue and
 // carrier off: whatever holds it is never seen.

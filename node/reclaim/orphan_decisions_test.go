@@ -38,7 +38,7 @@ func TestDecisionRowsOfIdentitiesWithoutInterfacesGoWithTheOrphanCollection(t *t
 	}
 	t.Cleanup(func() { dp.Close() })
 	h := newHarness(liveInventory(), Config{})
-	h.r.reg = attachreg.New(dp, nil, nil)
+	h.r.useRegistry(attachreg.New(dp, nil, nil))
 
 	leaked := identity.Identity{VPC: 99, Attachment: 1}
 	busy := identity.Identity{VPC: 98, Attachment: 1}

@@ -67,8 +67,7 @@ func (r *Reclaimer) collectOrphans(ctx context.Context, links []link.Link, dryRu
 		rep.Orphans = append(rep.Orphans, o)
 	}
 	if len(confirmed) > 0 {
-		rm := &teardown.Remover{Links: r.links, Registry: r.reg, Locks: r.locks, LockTimeout: r.cfg.LockTimeout, Log: r.log}
-		cleared, kept, failed := rm.ClearGone(ctx, confirmed, dryRun)
+		cleared, kept, failed := r.remover.ClearGone(ctx, confirmed, dryRun)
 		for _, g := range kept {
 			delete(next, g.Ifindex)
 		}

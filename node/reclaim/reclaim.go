@@ -77,6 +77,9 @@ type Reclaimer struct {
 	obs   Observer
 	log   *slog.Logger
 	cfg   Config
+	// remover is the one teardown every pass's removals and orphan
+	// clearing go through, built once from the parts above.
+	remover *teardown.Remover
 
 	passMu sync.Mutex // serialises passes
 
@@ -124,7 +127,8 @@ func New(links Links, inv inventory.Source, reg Registry, locks Locker, obs Obse
 	if cfg.ProveTimeout <= 0 {
 		cfg.ProveTimeout = 10 * time.Second
 	}
-	return &Reclaimer{links: links, inv: inv, reg: reg, locks: locks, obs: obs, log: log, cfg: cfg}
+	remover := &teardown.Remover{Links: links, Registry: reg, Locks: locks, Holders: cfg.Holders, LockTimeout: cfg.LockTimeout, Log: log}
+	return &Reclaimer{links: links, inv: inv, reg: reg, locks: locks, obs: obs, log: log, cfg: cfg, remover: remover}
 }
 
 // Run runs a pass every interval until ctx ends; interval 0 means passes
@@ -409,34 +413,8 @@ func (r *Reclaimer) remove(ctx context.Context, confirmed []candidate, dump []li
 	for i, c := range confirmed {
 		targets[i] = c.Target
 	}
-	var notProven error
-	rm := &teardown.Remover{Links: r.links, Registry: r.reg, Locks: r.locks, Holders: r.cfg.Holders,
-		LockTimeout: r.cfg.LockTimeout, Log: r.log}
-	out := rm.Remove(ctx, targets, teardown.Options{DryRun: dryRun, Dump: dump, Recheck: func(ctx context.Context) (func(teardown.Target) string, error) {
-		// Taken after the links were read again, so an attachment that
-		// appeared while they were being read is seen.
-		fresh := r.inv.Snapshot(ctx)
-		if err := fresh.Healthy(); err != nil {
-			return nil, fmt.Errorf("fresh inventory not trustworthy: %w", err)
-		}
-		snaps := []*inventory.Snapshot{&fresh}
-		if p, ok := r.inv.(inventory.Prover); ok {
-			proof, err := r.prove(ctx, p)
-			if err != nil {
-				notProven = err
-				return nil, err
-			}
-			snaps = append(snaps, &proof)
-		}
-		return func(t teardown.Target) string {
-			for _, s := range snaps {
-				if s.Carried(t.Identity) {
-					return fmt.Sprintf("identity %s carried by %v at recheck", t.Identity, s.Carriers(t.Identity))
-				}
-			}
-			return ""
-		}, nil
-	}})
+	recheck := &inventoryRecheck{r: r}
+	out := r.remover.Remove(ctx, targets, teardown.Options{DryRun: dryRun, Dump: dump, Recheck: recheck})
 	rep.Reclaimed, rep.WouldReclaim, rep.Kept, rep.Failed = out.Removed, out.WouldRemove, out.Kept, out.Failed
 	firstSeen := make(map[uint32]time.Time, len(confirmed))
 	for _, c := range confirmed {
@@ -446,7 +424,46 @@ func (r *Reclaimer) remove(ctx context.Context, confirmed []candidate, dump []li
 		r.log.Info("stale tap reclaimed", "tap", t.Name, "ifindex", t.Ifindex, "owner", t.Owner,
 			"identity", t.Identity.String(), "first_seen", firstSeen[t.Ifindex])
 	}
-	return notProven
+	return recheck.notProven
+}
+
+// inventoryRecheck is a pass's last word on its confirmed taps, asked under
+// the VRF locks after the links were read again: a fresh snapshot and, for
+// an inventory that caches the API server, a consistent read of it.
+type inventoryRecheck struct {
+	r     *Reclaimer
+	snaps []*inventory.Snapshot
+	// notProven is the error of a failed proof that the inventory is
+	// current, which kept every tap.
+	notProven error
+}
+
+func (c *inventoryRecheck) Recheck(ctx context.Context) error {
+	// Taken after the links were read again, so an attachment that
+	// appeared while they were being read is seen.
+	fresh := c.r.inv.Snapshot(ctx)
+	if err := fresh.Healthy(); err != nil {
+		return fmt.Errorf("fresh inventory not trustworthy: %w", err)
+	}
+	c.snaps = []*inventory.Snapshot{&fresh}
+	if p, ok := c.r.inv.(inventory.Prover); ok {
+		proof, err := c.r.prove(ctx, p)
+		if err != nil {
+			c.notProven = err
+			return err
+		}
+		c.snaps = append(c.snaps, &proof)
+	}
+	return nil
+}
+
+func (c *inventoryRecheck) KeepWhy(t teardown.Target) string {
+	for _, s := range c.snaps {
+		if s.Carried(t.Identity) {
+			return fmt.Sprintf("identity %s carried by %v at recheck", t.Identity, s.Carriers(t.Identity))
+		}
+	}
+	return ""
 }
 
 func tapRef(t link.Tap) TapRef {

@@ -208,11 +208,11 @@ func TestRowsAreClearedOnlyOnceTheLinkIsGone(t *testing.T) {
 		}
 	}
 	failing := &failingGroupDelete{fakeLinks: h.links}
-	h.r.links = failing
+	h.r.useLinks(failing)
 	if rep := h.pass(t); len(rep.Failed) != 2 || len(h.reg.unregistered) != 0 || !h.links.has(a) || !h.links.has(b) {
 		t.Fatalf("a failed group delete: %+v, unregistered %v", rep, h.reg.unregistered)
 	}
-	h.r.links = h.links
+	h.r.useLinks(h.links)
 	if rep := h.pass(t); len(rep.Reclaimed) != 2 || len(h.reg.unregistered) != 2 {
 		t.Fatalf("after the fault: %+v, unregistered %v", rep, h.reg.unregistered)
 	}
@@ -263,17 +263,17 @@ func TestASingleQueueTapNeedsACompleteScan(t *testing.T) {
 			t.Fatalf("a single-queue tap without a scan: %+v", rep)
 		}
 	}
-	h.r.cfg.Holders = fakeScanner{holder.NewScan(map[string][]holder.Holder{stale.TapName(): {{PID: 42}}}, "")}
+	h.r.useHolders(fakeScanner{holder.NewScan(map[string][]holder.Holder{stale.TapName(): {{PID: 42}}}, "")})
 	for range 3 {
 		if rep := h.pass(t); len(rep.Candidates) != 0 || !strings.Contains(rep.HeldSingleQueue[0].Why, "pid 42") {
 			t.Fatalf("a single-queue tap the scan sees held: %+v", rep)
 		}
 	}
-	h.r.cfg.Holders = fakeScanner{holder.NewScan(nil, "not in the initial PID namespace")}
+	h.r.useHolders(fakeScanner{holder.NewScan(nil, "not in the initial PID namespace")})
 	if rep := h.pass(t); len(rep.Candidates) != 0 {
 		t.Fatalf("a single-queue tap with an incomplete scan: %+v", rep)
 	}
-	h.r.cfg.Holders = fakeScanner{holder.NewScan(nil, "")}
+	h.r.useHolders(fakeScanner{holder.NewScan(nil, "")})
 	h.pass(t)
 	if rep := h.pass(t); h.links.has(idx) || len(rep.Reclaimed) != 1 {
 		t.Fatalf("a single-queue tap a complete scan proves free: %+v", rep)
@@ -302,7 +302,7 @@ func TestAForeignLinkInTheGroupStopsTheDelete(t *testing.T) {
 	h.pass(t)
 	orig := h.links
 	wrapped := &groupJoiner{fakeLinks: orig, joiner: bystander}
-	h.r.links = wrapped
+	h.r.useLinks(wrapped)
 	rep := h.pass(t)
 	if !orig.has(a) || !orig.has(b) || !orig.has(bystander) || len(rep.Reclaimed) != 0 || len(rep.Failed) != 2 || len(h.reg.unregistered) != 0 {
 		t.Fatalf("foreign group member: %+v", rep)
@@ -474,7 +474,7 @@ func TestOrphanRowsGoOnTheSecondSightingAndLiveRowsNever(t *testing.T) {
 		{Ifindex: 900, Identity: stale, Rows: map[string]int{"ifindex_vrf": 1, "host_only_port": 2}, Pinned: true},
 		{Ifindex: 901, Rows: map[string]int{"egress_kind": 1}},
 	}}
-	h.r.reg = reg
+	h.r.useRegistry(reg)
 	rep := h.pass(t)
 	if len(rep.Orphans) != 2 || len(rep.OrphansCleared) != 0 || len(h.reg.unregistered) != 0 {
 		t.Fatalf("first sighting: %+v, unregistered %v", rep, h.reg.unregistered)

@@ -99,15 +99,21 @@ type Outcome struct {
 	Failed      []Failure
 }
 
-// Recheck is called under the VRF locks, after the links were read again,
-// and returns a function telling why a target must now be kept (empty: it
-// may go). An error keeps every target.
-type Recheck func(ctx context.Context) (keepWhy func(Target) string, err error)
+// Rechecker is the caller's last word on the targets that passed every
+// other check, asked under the VRF locks after their links were read again.
+type Rechecker interface {
+	// Recheck is called once per Remove and takes what the verdicts rest
+	// on (a fresh read, say). An error keeps every target.
+	Recheck(ctx context.Context) error
+	// KeepWhy, asked of each target after Recheck succeeded, says why it
+	// must now be kept; empty: it may go.
+	KeepWhy(t Target) string
+}
 
 // Options modify one Remove.
 type Options struct {
 	// Recheck, if set, is the caller's last word on each target.
-	Recheck Recheck
+	Recheck Rechecker
 	// DryRun reports what would be removed and changes nothing.
 	DryRun bool
 	// RemoveHeld removes a tap even while a process holds it. Only the
@@ -155,10 +161,8 @@ func (rm *Remover) Remove(ctx context.Context, targets []Target, opts Options) O
 	if len(verified) == 0 {
 		return out
 	}
-	keepWhy := func(Target) string { return "" }
 	if opts.Recheck != nil {
-		var err error
-		if keepWhy, err = opts.Recheck(ctx); err != nil {
+		if err := opts.Recheck.Recheck(ctx); err != nil {
 			for _, t := range verified {
 				o.keep(t, err.Error())
 			}
@@ -167,7 +171,7 @@ func (rm *Remover) Remove(ctx context.Context, targets []Target, opts Options) O
 	}
 	var batch []Target
 	for _, t := range verified {
-		if why := keepWhy(t); why != "" {
+		if why := o.keepWhy(t); why != "" {
 			o.keep(t, why)
 		} else if opts.DryRun {
 			out.WouldRemove = append(out.WouldRemove, t.Ref())
@@ -186,6 +190,14 @@ func (rm *Remover) Remove(ctx context.Context, targets []Target, opts Options) O
 	}
 	o.clearRows(ctx, deleted)
 	return out
+}
+
+// keepWhy is the caller's recheck verdict on t; no recheck keeps nothing.
+func (o *run) keepWhy(t Target) string {
+	if o.opts.Recheck == nil {
+		return ""
+	}
+	return o.opts.Recheck.KeepWhy(t)
 }
 
 // run is the state of one Remove.
