@@ -223,7 +223,7 @@ func tapRows(taps []nodeview.TapView) tabular {
 			carried = append(carried, c.String())
 		}
 		t.rows = append(t.rows, []string{v.Name, strconv.FormatUint(uint64(v.Ifindex), 10), v.VPC, v.Attachment, dash(v.Owner),
-			dash(v.Master), strconv.FormatBool(v.Held), dash(strings.Join(holders, ",")), dash(strings.Join(carried, ",")), v.State})
+			dash(v.Master), strconv.FormatBool(v.Held), dash(strings.Join(holders, ",")), dash(strings.Join(carried, ",")), string(v.State)})
 	}
 	return t
 }
@@ -251,7 +251,7 @@ func reportRows(reps []reclaim.Report) tabular {
 	t := tabular{items: reps, header: []string{"STARTED", "DURATION", "RESULT", "DRY RUN", "CANDIDATES", "CONFIRMED", "RECLAIMED", "FAILED", "REASON"}}
 	for _, r := range reps {
 		t.rows = append(t.rows, []string{r.Started.Format(time.RFC3339), r.Finished.Sub(r.Started).Round(time.Microsecond).String(),
-			r.Result, strconv.FormatBool(r.DryRun), strconv.Itoa(len(r.Candidates)), strconv.Itoa(len(r.Confirmed)),
+			string(r.Result), strconv.FormatBool(r.DryRun), strconv.Itoa(len(r.Candidates)), strconv.Itoa(len(r.Confirmed)),
 			strconv.Itoa(len(r.Reclaimed)), strconv.Itoa(len(r.Failed)), dash(r.Reason)})
 	}
 	return t

@@ -29,7 +29,7 @@ func TestTapState(t *testing.T) {
 		held    bool
 		live    bool
 		pending *reclaim.Pending
-		want    string
+		want    TapState
 	}{
 		{"stale", tap, false, false, nil, StateStale},
 		{"candidate", tap, false, false, candidate, StateCandidate},

@@ -42,14 +42,18 @@ type Views struct {
 	Holders holder.Scanner
 }
 
+// TapState is what protects a tap, or how far the reclaim has got with it.
+// It marshals as its string, which operators read.
+type TapState string
+
 // Tap states, from the most to the least protected.
 const (
-	StateHeld      = "held"      // a file descriptor holds it
-	StateLive      = "live"      // the inventory carries its identity
-	StateUnstamped = "unstamped" // no owner stamp: never reclaimed
-	StateCandidate = "candidate" // found stale by the last pass
-	StateConfirmed = "confirmed" // stale on two passes: removal pending or failing
-	StateStale     = "stale"     // stale now, not yet seen by a pass
+	StateHeld      TapState = "held"      // a file descriptor holds it
+	StateLive      TapState = "live"      // the inventory carries its identity
+	StateUnstamped TapState = "unstamped" // no owner stamp: never reclaimed
+	StateCandidate TapState = "candidate" // found stale by the last pass
+	StateConfirmed TapState = "confirmed" // stale on two passes: removal pending or failing
+	StateStale     TapState = "stale"     // stale now, not yet seen by a pass
 )
 
 // TapView is one tenant tap as an operator sees it.
@@ -66,7 +70,7 @@ type TapView struct {
 	HeldWhy    string                `json:"heldWhy,omitempty"`
 	Holders    []holder.Holder       `json:"holders,omitempty"`
 	CarriedBy  []inventory.ObjectRef `json:"carriedBy"`
-	State      string                `json:"state"`
+	State      TapState              `json:"state"`
 }
 
 // Taps returns every tenant tap.
@@ -118,7 +122,7 @@ func (v *Views) Taps(ctx context.Context) ([]TapView, error) {
 // reclaim's entry at t's ifindex, or nil; it counts only when it names this
 // very tap (same name and owner): the kernel reuses ifindexes, and an entry
 // for a tap since replaced says nothing of the new one.
-func tapState(t link.Tap, held, live bool, pending *reclaim.Pending) string {
+func tapState(t link.Tap, held, live bool, pending *reclaim.Pending) TapState {
 	isThisTap := pending != nil && pending.Tap.Name == t.Name && pending.Tap.Owner == t.Alias
 	switch {
 	case held:
@@ -193,13 +197,13 @@ type Status struct {
 
 // PassSummary is a pass report's head.
 type PassSummary struct {
-	Started   time.Time `json:"started"`
-	Finished  time.Time `json:"finished"`
-	Result    string    `json:"result"`
-	Reason    string    `json:"reason,omitempty"`
-	DryRun    bool      `json:"dryRun"`
-	Reclaimed int       `json:"reclaimed"`
-	Failed    int       `json:"failed"`
+	Started   time.Time      `json:"started"`
+	Finished  time.Time      `json:"finished"`
+	Result    reclaim.Result `json:"result"`
+	Reason    string         `json:"reason,omitempty"`
+	DryRun    bool           `json:"dryRun"`
+	Reclaimed int            `json:"reclaimed"`
+	Failed    int            `json:"failed"`
 }
 
 // MapFill is how full one eBPF map is.

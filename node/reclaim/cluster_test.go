@@ -586,7 +586,7 @@ func TestALinkFailureKeepsTheTapWithItsRowsAndIsRetried(t *testing.T) {
 	if n := s.rowsOf(stale.Index); n != before {
 		t.Fatalf("the kept tap has %d rows and attachments, had %d", n, before)
 	}
-	if v := metricValue(t, s.prom, "galactic_cni_stale_tap_reclaim_failures_total", map[string]string{"stage": reclaim.StageLink}); v != 1 {
+	if v := metricValue(t, s.prom, "galactic_cni_stale_tap_reclaim_failures_total", map[string]string{"stage": string(reclaim.StageLink)}); v != 1 {
 		t.Fatalf("failures{stage=link} = %v, want 1", v)
 	}
 	if l, _ := s.conn.Get(context.Background(), stale.Index); l.Group != 0 {
@@ -613,7 +613,7 @@ func TestARowsFailureAfterTheLinkIsCounted(t *testing.T) {
 	if s.exists(stale) || len(rep.Reclaimed) != 1 || len(rep.Failed) != 1 || rep.Failed[0].Stage != reclaim.StageRows {
 		t.Fatalf("pass with a rows fault: %+v", rep)
 	}
-	if v := metricValue(t, s.prom, "galactic_cni_stale_tap_reclaim_failures_total", map[string]string{"stage": reclaim.StageRows}); v != 1 {
+	if v := metricValue(t, s.prom, "galactic_cni_stale_tap_reclaim_failures_total", map[string]string{"stage": string(reclaim.StageRows)}); v != 1 {
 		t.Fatalf("failures{stage=rows} = %v, want 1", v)
 	}
 	if n := s.rowsOf(stale.Index); n == 0 {

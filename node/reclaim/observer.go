@@ -5,6 +5,9 @@ import (
 	"github.com/datum-cloud/galactic-node/node/teardown"
 )
 
+// Stage is where a removal failed (teardown's).
+type Stage = teardown.Stage
+
 // Failure stages, the values of a Failure's Stage.
 const (
 	StageLock   = teardown.StageLock
@@ -13,11 +16,15 @@ const (
 	StageLink   = teardown.StageLink
 )
 
+// Result is how a pass ended. It marshals as its string, which operators
+// and the passes metric's result label read.
+type Result string
+
 // Pass results, the values of a Report's Result.
 const (
-	ResultCompleted = "completed" // the pass ran to the end, removals or not
-	ResultSkipped   = "skipped"   // inputs were not trustworthy: nothing removed
-	ResultFailed    = "failed"    // the links could not be read
+	ResultCompleted Result = "completed" // the pass ran to the end, removals or not
+	ResultSkipped   Result = "skipped"   // inputs were not trustworthy: nothing removed
+	ResultFailed    Result = "failed"    // the links could not be read
 )
 
 // Maps of cleared orphan state that are not eBPF row maps, as

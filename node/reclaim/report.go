@@ -11,7 +11,7 @@ type Report struct {
 	Started  time.Time `json:"started"`
 	Finished time.Time `json:"finished"`
 	DryRun   bool      `json:"dryRun"`
-	Result   string    `json:"result"`
+	Result   Result    `json:"result"`
 	// Reason says why the pass removed nothing, when it was skipped or failed.
 	Reason string `json:"reason,omitempty"`
 	Inputs Inputs `json:"inputs"`

@@ -49,12 +49,16 @@ type Locker interface {
 	Lock(ctx context.Context, vpc identity.VPC) (unlock func(), err error)
 }
 
+// Stage is where a removal failed. It marshals as its string, which
+// operators and the failures metric's stage label read.
+type Stage string
+
 // Failure stages.
 const (
-	StageLock   = "lock"   // the VRF lock could not be taken in time
-	StageVerify = "verify" // the link could not be read again
-	StageRows   = "rows"   // the link is gone but its rows could not all be cleared
-	StageLink   = "link"   // the link could not be grouped or deleted
+	StageLock   Stage = "lock"   // the VRF lock could not be taken in time
+	StageVerify Stage = "verify" // the link could not be read again
+	StageRows   Stage = "rows"   // the link is gone but its rows could not all be cleared
+	StageLink   Stage = "link"   // the link could not be grouped or deleted
 )
 
 // Target is a tap chosen for removal, as it was read when chosen.
@@ -86,7 +90,7 @@ type Kept struct {
 // stage but StageRows left the tap as it was.
 type Failure struct {
 	Tap   TapRef `json:"tap"`
-	Stage string `json:"stage"`
+	Stage Stage  `json:"stage"`
 	Error string `json:"error"`
 }
 
@@ -394,7 +398,7 @@ func (o *run) keep(t Target, why string) {
 	o.log.Info("tap kept", "tap", t.Expect.Name, "ifindex", t.Expect.Index, "owner", t.Expect.Alias, "why", why)
 }
 
-func (o *run) fail(t Target, stage string, err error) {
+func (o *run) fail(t Target, stage Stage, err error) {
 	o.out.Failed = append(o.out.Failed, Failure{Tap: t.Ref(), Stage: stage, Error: err.Error()})
 	o.log.Warn("tap removal failed", "tap", t.Expect.Name, "ifindex", t.Expect.Index, "stage", stage, "error", err)
 }

@@ -76,11 +76,11 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "Seconds between periodic reclaim passes (--interval); 0 when passes run only when forced.",
 		}),
 	}
-	for _, s := range []string{reclaim.StageLock, reclaim.StageVerify, reclaim.StageRows, reclaim.StageLink} {
-		m.failures.WithLabelValues(s)
+	for _, s := range []reclaim.Stage{reclaim.StageLock, reclaim.StageVerify, reclaim.StageRows, reclaim.StageLink} {
+		m.failures.WithLabelValues(string(s))
 	}
-	for _, r := range []string{reclaim.ResultCompleted, reclaim.ResultSkipped, reclaim.ResultFailed} {
-		m.passes.WithLabelValues(r)
+	for _, r := range []reclaim.Result{reclaim.ResultCompleted, reclaim.ResultSkipped, reclaim.ResultFailed} {
+		m.passes.WithLabelValues(string(r))
 	}
 	for _, c := range []prometheus.Collector{m.pending, m.reclaimed, m.failures, m.passes, m.passDuration, m.lastPass, m.malformed, m.orphanRows, m.dryRun, m.interval} {
 		if err := reg.Register(c); err != nil {
@@ -119,9 +119,9 @@ func (m *Metrics) PassDone(rep reclaim.Report, pending int) {
 	m.pending.Set(float64(pending))
 	m.reclaimed.Add(float64(len(rep.Reclaimed)))
 	for _, f := range rep.Failed {
-		m.failures.WithLabelValues(f.Stage).Inc()
+		m.failures.WithLabelValues(string(f.Stage)).Inc()
 	}
-	m.passes.WithLabelValues(rep.Result).Inc()
+	m.passes.WithLabelValues(string(rep.Result)).Inc()
 	m.passDuration.Observe(rep.Finished.Sub(rep.Started).Seconds())
 	if rep.Result == reclaim.ResultCompleted {
 		m.lastPass.Set(float64(rep.Finished.UnixNano()) / 1e9)
