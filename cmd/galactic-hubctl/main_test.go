@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -17,10 +18,16 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	"github.com/datum-cloud/galactic-node/internal/clustertest"
+	"github.com/datum-cloud/galactic-node/internal/logging/klogroute"
 	"github.com/datum-cloud/galactic-node/internal/syncbuf"
 )
 
-func TestMain(m *testing.M) { os.Exit(clustertest.Main(m)) }
+// TestMain routes klog once, before any test runs runEnv (which would route
+// it again) while its own client-go calls read it.
+func TestMain(m *testing.M) {
+	klogroute.Into(slog.New(slog.DiscardHandler))
+	os.Exit(clustertest.Main(m))
+}
 
 func env(kv map[string]string) []string {
 	var environ []string
