@@ -174,7 +174,7 @@ func tapDel(ctx context.Context, conn *link.Conn, reg *attachreg.Registry, locks
 		return fmt.Errorf("%s is stamped %q, not %q: %w", l.Name, l.Alias, owner, tap.ErrOwnedByAnother)
 	}
 	rm := &teardown.Remover{Links: conn, Registry: reg, Locks: locks}
-	out := rm.Remove(ctx, []teardown.Target{{Expect: link.Expect{Index: l.Index, Name: l.Name, Alias: l.Alias}, Identity: id}}, teardown.Options{RemoveHeld: true})
+	out := rm.Remove(ctx, []teardown.TapRef{{Name: l.Name, Ifindex: l.Index, Owner: l.Alias, Identity: id}}, teardown.Options{RemoveHeld: true})
 	for _, f := range out.Failed {
 		return fmt.Errorf("delete tap %s: %s: %s", f.Tap.Name, f.Stage, f.Error)
 	}

@@ -38,7 +38,7 @@ func (p *Plugin) gc(inv *invocation, e *env) error {
 	if err != nil {
 		return err
 	}
-	var targets []teardown.Target
+	var targets []teardown.TapRef
 	for _, r := range records {
 		if valid[attachment{r.ContainerID, r.IfName}] {
 			continue
@@ -59,7 +59,7 @@ func (p *Plugin) gc(inv *invocation, e *env) error {
 			_ = removeRecord(inv.conf.DataDir, inv.conf.Name, r.Tap)
 			continue
 		}
-		targets = append(targets, teardown.Target{Expect: link.Expect{Index: t.Index, Name: t.Name, Alias: t.Alias}, Identity: t.Identity})
+		targets = append(targets, teardown.RefOf(t))
 	}
 	if len(targets) == 0 {
 		return nil

@@ -187,13 +187,13 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 		if len(own) == 0 && inv.hasIdentity {
 			return p.clearGone(ctx, e, inv)
 		}
-		var targets []teardown.Target
+		var targets []teardown.TapRef
 		for _, t := range own {
 			if t.Alias != inv.containerID {
 				p.Log.Info("DEL leaves a tap another container stamped", "container", inv.containerID, "tap", t.Name, "stamp", t.Alias)
 				continue
 			}
-			targets = append(targets, teardown.Target{Expect: link.Expect{Index: t.Index, Name: t.Name, Alias: t.Alias}, Identity: t.Identity})
+			targets = append(targets, teardown.RefOf(t))
 		}
 		if len(targets) == 0 {
 			return nil

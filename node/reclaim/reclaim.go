@@ -105,7 +105,7 @@ var ErrStuck = errors.New("pass loop stuck")
 
 // candidate is a tap a pass found stale, to be confirmed by a later one.
 type candidate struct {
-	teardown.Target
+	teardown.TapRef
 	firstSeen time.Time
 	passes    int
 }
@@ -302,12 +302,12 @@ func (r *Reclaimer) pass(ctx context.Context, opts PassOptions) Report {
 			if t.Tun != nil && !t.Tun.MultiQueue {
 				// Kept for want of proof, which an operator can act on
 				// (holder-lookup); held multiqueue taps are simply in use.
-				rep.HeldSingleQueue = append(rep.HeldSingleQueue, Kept{Tap: tapRef(t), Why: why})
+				rep.HeldSingleQueue = append(rep.HeldSingleQueue, Kept{Tap: teardown.RefOf(t), Why: why})
 			}
 			continue
 		}
-		c := candidate{Target: teardown.Target{Expect: link.Expect{Index: t.Index, Name: t.Name, Alias: t.Alias}, Identity: t.Identity}, firstSeen: now, passes: 1}
-		if p, ok := prev[t.Index]; ok && p.Expect == c.Expect {
+		c := candidate{TapRef: teardown.RefOf(t), firstSeen: now, passes: 1}
+		if p, ok := prev[t.Index]; ok && p.Expect() == c.Expect() {
 			c.firstSeen, c.passes = p.firstSeen, p.passes+1
 			if !now.Before(r.eligibleAt(c)) {
 				confirmed = append(confirmed, c)
@@ -315,7 +315,7 @@ func (r *Reclaimer) pass(ctx context.Context, opts PassOptions) Report {
 		}
 		next[t.Index] = c
 		rep.Candidates = append(rep.Candidates, CandidateReport{
-			Tap: c.Ref(), FirstSeen: c.firstSeen, EligibleAt: r.eligibleAt(c), Passes: c.passes,
+			Tap: c.TapRef, FirstSeen: c.firstSeen, EligibleAt: r.eligibleAt(c), Passes: c.passes,
 			Why: "nothing holds it and no VPCAttachment or BGPAdvertisement carries " + t.Identity.String(),
 		})
 	}
@@ -324,14 +324,14 @@ func (r *Reclaimer) pass(ctx context.Context, opts PassOptions) Report {
 			r.log.Info("stale tap candidate", "tap", c.Tap.Name, "ifindex", c.Tap.Ifindex, "owner", c.Tap.Owner, "why", c.Why)
 		}
 	}
-	slices.SortFunc(confirmed, func(a, b candidate) int { return cmp.Compare(a.Expect.Index, b.Expect.Index) })
+	slices.SortFunc(confirmed, func(a, b candidate) int { return cmp.Compare(a.Ifindex, b.Ifindex) })
 	if max := r.cfg.MaxReclaimsPerPass; max > 0 && len(confirmed) > max {
 		rep.RolledOver = len(confirmed) - max
 		confirmed = confirmed[:max]
 	}
 	for _, c := range confirmed {
-		rep.Confirmed = append(rep.Confirmed, c.Ref())
-		r.log.Info("stale tap confirmed", "tap", c.Expect.Name, "ifindex", c.Expect.Index, "owner", c.Expect.Alias, "passes", c.passes)
+		rep.Confirmed = append(rep.Confirmed, c.TapRef)
+		r.log.Info("stale tap confirmed", "tap", c.Name, "ifindex", c.Ifindex, "owner", c.Owner, "passes", c.passes)
 	}
 	if len(confirmed) > 0 {
 		if err := r.remove(ctx, confirmed, links, opts.DryRun, &rep); err != nil {
@@ -409,16 +409,16 @@ func (r *Reclaimer) record(rep Report) {
 // the error that kept every tap when the inventory could not be proven
 // current.
 func (r *Reclaimer) remove(ctx context.Context, confirmed []candidate, dump []link.Link, dryRun bool, rep *Report) error {
-	targets := make([]teardown.Target, len(confirmed))
+	targets := make([]teardown.TapRef, len(confirmed))
 	for i, c := range confirmed {
-		targets[i] = c.Target
+		targets[i] = c.TapRef
 	}
 	recheck := &inventoryRecheck{r: r}
 	out := r.remover.Remove(ctx, targets, teardown.Options{DryRun: dryRun, Dump: dump, Recheck: recheck})
 	rep.Reclaimed, rep.WouldReclaim, rep.Kept, rep.Failed = out.Removed, out.WouldRemove, out.Kept, out.Failed
 	firstSeen := make(map[uint32]time.Time, len(confirmed))
 	for _, c := range confirmed {
-		firstSeen[c.Expect.Index] = c.firstSeen
+		firstSeen[c.Ifindex] = c.firstSeen
 	}
 	for _, t := range out.Removed {
 		r.log.Info("stale tap reclaimed", "tap", t.Name, "ifindex", t.Ifindex, "owner", t.Owner,
@@ -457,15 +457,11 @@ func (c *inventoryRecheck) Recheck(ctx context.Context) error {
 	return nil
 }
 
-func (c *inventoryRecheck) KeepWhy(t teardown.Target) string {
+func (c *inventoryRecheck) KeepWhy(t teardown.TapRef) string {
 	for _, s := range c.snaps {
 		if s.Carried(t.Identity) {
 			return fmt.Sprintf("identity %s carried by %v at recheck", t.Identity, s.Carriers(t.Identity))
 		}
 	}
 	return ""
-}
-
-func tapRef(t link.Tap) TapRef {
-	return TapRef{Name: t.Name, Ifindex: t.Index, Owner: t.Alias, Identity: t.Identity}
 }

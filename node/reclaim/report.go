@@ -86,7 +86,7 @@ func (r *Reclaimer) Pending() []Pending {
 	defer r.mu.Unlock()
 	out := make([]Pending, 0, len(r.candidates))
 	for _, c := range r.candidates {
-		out = append(out, Pending{Tap: c.Ref(), FirstSeen: c.firstSeen, EligibleAt: r.eligibleAt(c), Passes: c.passes})
+		out = append(out, Pending{Tap: c.TapRef, FirstSeen: c.firstSeen, EligibleAt: r.eligibleAt(c), Passes: c.passes})
 	}
 	return out
 }

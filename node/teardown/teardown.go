@@ -61,13 +61,9 @@ const (
 	StageLink   Stage = "link"   // the link could not be grouped or deleted
 )
 
-// Target is a tap chosen for removal, as it was read when chosen.
-type Target struct {
-	Expect   link.Expect
-	Identity identity.Identity
-}
-
-// TapRef names a tap as it was read.
+// TapRef names a tap as it was read. Reports carry it, and it is what
+// Remove takes: a target is removed only while its link still shows the
+// ifindex, name and owner it was read with (Expect).
 type TapRef struct {
 	Name     string            `json:"name"`
 	Ifindex  uint32            `json:"ifindex"`
@@ -75,9 +71,14 @@ type TapRef struct {
 	Identity identity.Identity `json:"identity"`
 }
 
-// Ref returns the TapRef of t.
-func (t Target) Ref() TapRef {
-	return TapRef{Name: t.Expect.Name, Ifindex: t.Expect.Index, Owner: t.Expect.Alias, Identity: t.Identity}
+// RefOf returns the TapRef of t as read now.
+func RefOf(t link.Tap) TapRef {
+	return TapRef{Name: t.Name, Ifindex: t.Index, Owner: t.Alias, Identity: t.Identity}
+}
+
+// Expect is what the link of r must still show for r to be removed.
+func (r TapRef) Expect() link.Expect {
+	return link.Expect{Index: r.Ifindex, Name: r.Name, Alias: r.Owner}
 }
 
 // Kept is a target a check kept, and why.
@@ -111,7 +112,7 @@ type Rechecker interface {
 	Recheck(ctx context.Context) error
 	// KeepWhy, asked of each target after Recheck succeeded, says why it
 	// must now be kept; empty: it may go.
-	KeepWhy(t Target) string
+	KeepWhy(t TapRef) string
 }
 
 // Options modify one Remove.
@@ -143,7 +144,7 @@ type Remover struct {
 }
 
 // Remove removes every target that passes every check, and reports each.
-func (rm *Remover) Remove(ctx context.Context, targets []Target, opts Options) Outcome {
+func (rm *Remover) Remove(ctx context.Context, targets []TapRef, opts Options) Outcome {
 	var out Outcome
 	o := &run{rm: rm, log: rm.log(), opts: opts, out: &out}
 	unlock := o.lock(ctx, targets)
@@ -152,7 +153,7 @@ func (rm *Remover) Remove(ctx context.Context, targets []Target, opts Options) O
 		return out
 	}
 	judge := holder.NewJudge(rm.Holders)
-	var verified []Target
+	var verified []TapRef
 	for _, t := range o.locked {
 		if why, err := o.recheckLink(ctx, judge, t); err != nil {
 			o.fail(t, StageVerify, err)
@@ -173,17 +174,17 @@ func (rm *Remover) Remove(ctx context.Context, targets []Target, opts Options) O
 			return out
 		}
 	}
-	var batch []Target
+	var batch []TapRef
 	for _, t := range verified {
 		if why := o.keepWhy(t); why != "" {
 			o.keep(t, why)
 		} else if opts.DryRun {
-			out.WouldRemove = append(out.WouldRemove, t.Ref())
+			out.WouldRemove = append(out.WouldRemove, t)
 		} else {
 			batch = append(batch, t)
 		}
 	}
-	var deleted []Target
+	var deleted []TapRef
 	switch len(batch) {
 	case 0:
 		return out
@@ -197,7 +198,7 @@ func (rm *Remover) Remove(ctx context.Context, targets []Target, opts Options) O
 }
 
 // keepWhy is the caller's recheck verdict on t; no recheck keeps nothing.
-func (o *run) keepWhy(t Target) string {
+func (o *run) keepWhy(t TapRef) string {
 	if o.opts.Recheck == nil {
 		return ""
 	}
@@ -210,14 +211,14 @@ type run struct {
 	log    *slog.Logger
 	opts   Options
 	out    *Outcome
-	locked []Target
+	locked []TapRef
 }
 
 // lock takes the VRF locks of the targets' VPCs in VPC order, so that two
 // removers never wait on each other; targets whose lock is not had in time
 // fail at StageLock. It returns the function that releases them all.
-func (o *run) lock(ctx context.Context, targets []Target) func() {
-	byVPC := map[identity.VPC][]Target{}
+func (o *run) lock(ctx context.Context, targets []TapRef) func() {
+	byVPC := map[identity.VPC][]TapRef{}
 	for _, t := range targets {
 		byVPC[t.Identity.VPC] = append(byVPC[t.Identity.VPC], t)
 	}
@@ -244,8 +245,8 @@ func (o *run) lock(ctx context.Context, targets []Target) func() {
 
 // recheckLink reads the link again: it returns why the tap must be kept, or
 // an error when the read itself failed.
-func (o *run) recheckLink(ctx context.Context, judge *holder.Judge, t Target) (string, error) {
-	l, err := o.rm.Links.Verify(ctx, t.Expect)
+func (o *run) recheckLink(ctx context.Context, judge *holder.Judge, t TapRef) (string, error) {
+	l, err := o.rm.Links.Verify(ctx, t.Expect())
 	switch {
 	case errors.Is(err, link.ErrLinkGone):
 		return "gone before removal", nil
@@ -277,8 +278,8 @@ func (o *run) keepHeld(ctx context.Context, judge *holder.Judge, l link.Link, wh
 
 // deleteOne removes a lone target with one verified delete after a last
 // read; there is no group to check.
-func (o *run) deleteOne(ctx context.Context, t Target) []Target {
-	l, err := o.rm.Links.Verify(ctx, t.Expect)
+func (o *run) deleteOne(ctx context.Context, t TapRef) []TapRef {
+	l, err := o.rm.Links.Verify(ctx, t.Expect())
 	var why string
 	switch {
 	case errors.Is(err, link.ErrLinkGone):
@@ -295,7 +296,7 @@ func (o *run) deleteOne(ctx context.Context, t Target) []Target {
 		o.keep(t, why)
 		return nil
 	}
-	if err := o.rm.Links.DeleteVerified(ctx, t.Expect); err != nil && !errors.Is(err, link.ErrLinkGone) {
+	if err := o.rm.Links.DeleteVerified(ctx, t.Expect()); err != nil && !errors.Is(err, link.ErrLinkGone) {
 		if errors.Is(err, link.ErrLinkChanged) {
 			o.keep(t, "changed before delete: "+err.Error())
 		} else {
@@ -303,7 +304,7 @@ func (o *run) deleteOne(ctx context.Context, t Target) []Target {
 		}
 		return nil
 	}
-	return []Target{t}
+	return []TapRef{t}
 }
 
 // deleteGroup moves the targets into a link group reserved for this batch,
@@ -311,11 +312,11 @@ func (o *run) deleteOne(ctx context.Context, t Target) []Target {
 // deletes the group in one request: the kernel then unregisters them in one
 // batch instead of one RCU grace period each. A link this batch did not
 // verify in the group stops the delete.
-func (o *run) deleteGroup(ctx context.Context, batch []Target) []Target {
+func (o *run) deleteGroup(ctx context.Context, batch []TapRef) []TapRef {
 	group := reserveGroup(o.opts.Dump)
-	var grouped []Target
+	var grouped []TapRef
 	for _, t := range batch {
-		if err := o.rm.Links.Set(ctx, t.Expect.Index, link.Change{Group: &group}); err != nil {
+		if err := o.rm.Links.Set(ctx, t.Ifindex, link.Change{Group: &group}); err != nil {
 			o.fail(t, StageLink, fmt.Errorf("move to link group %#x: %w", group, err))
 			continue
 		}
@@ -324,10 +325,10 @@ func (o *run) deleteGroup(ctx context.Context, batch []Target) []Target {
 	if len(grouped) == 0 {
 		return nil
 	}
-	ungroup := func(ts ...Target) {
+	ungroup := func(ts ...TapRef) {
 		zero := uint32(0)
 		for _, t := range ts {
-			_ = o.rm.Links.Set(context.WithoutCancel(ctx), t.Expect.Index, link.Change{Group: &zero})
+			_ = o.rm.Links.Set(context.WithoutCancel(ctx), t.Ifindex, link.Change{Group: &zero})
 		}
 	}
 	links, err := o.rm.Links.Links(ctx)
@@ -338,9 +339,9 @@ func (o *run) deleteGroup(ctx context.Context, batch []Target) []Target {
 		}
 		return nil
 	}
-	ours := make(map[uint32]Target, len(grouped))
+	ours := make(map[uint32]TapRef, len(grouped))
 	for _, t := range grouped {
-		ours[t.Expect.Index] = t
+		ours[t.Ifindex] = t
 	}
 	judge := holder.NewJudge(o.rm.Holders)
 	for _, l := range links {
@@ -357,7 +358,7 @@ func (o *run) deleteGroup(ctx context.Context, batch []Target) []Target {
 			return nil
 		}
 		why := ""
-		if l.Name != t.Expect.Name || l.Alias != t.Expect.Alias {
+		if l.Name != t.Name || l.Alias != t.Owner {
 			why = fmt.Sprintf("changed while grouped for delete: now %s stamped %q", l.Name, l.Alias)
 		} else {
 			why = o.keepHeld(ctx, judge, l, "while grouped for delete")
@@ -378,29 +379,29 @@ func (o *run) deleteGroup(ctx context.Context, batch []Target) []Target {
 		}
 		return nil
 	}
-	return slices.SortedFunc(maps.Values(ours), func(a, b Target) int { return cmp.Compare(a.Expect.Index, b.Expect.Index) })
+	return slices.SortedFunc(maps.Values(ours), func(a, b TapRef) int { return cmp.Compare(a.Ifindex, b.Ifindex) })
 }
 
 // clearRows clears the rows of links already deleted. Ifindexes are not
 // reused until the kernel's counter wraps, so no new link owns these rows.
-func (o *run) clearRows(ctx context.Context, deleted []Target) {
+func (o *run) clearRows(ctx context.Context, deleted []TapRef) {
 	for _, t := range deleted {
-		o.out.Removed = append(o.out.Removed, t.Ref())
-		if err := o.rm.Registry.UnregisterInterface(context.WithoutCancel(ctx), t.Expect.Index); err != nil {
+		o.out.Removed = append(o.out.Removed, t)
+		if err := o.rm.Registry.UnregisterInterface(context.WithoutCancel(ctx), t.Ifindex); err != nil {
 			o.fail(t, StageRows, fmt.Errorf("tap deleted, rows left for the orphan collection: %w", err))
 		}
-		o.log.Info("tap removed", "tap", t.Expect.Name, "ifindex", t.Expect.Index, "owner", t.Expect.Alias, "identity", t.Identity.String())
+		o.log.Info("tap removed", "tap", t.Name, "ifindex", t.Ifindex, "owner", t.Owner, "identity", t.Identity.String())
 	}
 }
 
-func (o *run) keep(t Target, why string) {
-	o.out.Kept = append(o.out.Kept, Kept{Tap: t.Ref(), Why: why})
-	o.log.Info("tap kept", "tap", t.Expect.Name, "ifindex", t.Expect.Index, "owner", t.Expect.Alias, "why", why)
+func (o *run) keep(t TapRef, why string) {
+	o.out.Kept = append(o.out.Kept, Kept{Tap: t, Why: why})
+	o.log.Info("tap kept", "tap", t.Name, "ifindex", t.Ifindex, "owner", t.Owner, "why", why)
 }
 
-func (o *run) fail(t Target, stage Stage, err error) {
-	o.out.Failed = append(o.out.Failed, Failure{Tap: t.Ref(), Stage: stage, Error: err.Error()})
-	o.log.Warn("tap removal failed", "tap", t.Expect.Name, "ifindex", t.Expect.Index, "stage", stage, "error", err)
+func (o *run) fail(t TapRef, stage Stage, err error) {
+	o.out.Failed = append(o.out.Failed, Failure{Tap: t, Stage: stage, Error: err.Error()})
+	o.log.Warn("tap removal failed", "tap", t.Name, "ifindex", t.Ifindex, "stage", stage, "error", err)
 }
 
 // groupBase marks link groups this package reserves ('G' in the top byte);
