@@ -31,11 +31,11 @@ func (p *prefixList) Set(s string) error {
 	return nil
 }
 
-type portList []attachreg.HostPort
+type portList []attachreg.ProtoPort
 
 func (p *portList) String() string { return fmt.Sprint(*p) }
 func (p *portList) Set(s string) error {
-	hp, err := attachreg.ParseHostPort(s)
+	hp, err := attachreg.ParseProtoPort(s)
 	if err != nil {
 		return err
 	}

@@ -52,7 +52,7 @@ var (
 )
 
 // hostPorts are the host-only ports every scene registers.
-var hostPorts = []attachreg.HostPort{
+var hostPorts = []attachreg.ProtoPort{
 	{Protocol: datapath.ProtocolUDP, Port: 53},
 	{Protocol: datapath.ProtocolUDP, Port: 67},
 	{Protocol: datapath.ProtocolUDP, Port: 547},

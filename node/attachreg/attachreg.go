@@ -43,30 +43,38 @@ type Registration struct {
 	Egress        datapath.EgressKind
 	Policy        datapath.Policy
 	Gateway       datapath.Gateway
-	HostOnlyPorts []HostPort
+	HostOnlyPorts []ProtoPort
 }
 
-// HostPort is a port of the tenant gateway the interface's tenant may reach.
-type HostPort struct {
+// ProtoPort is a port of the tenant gateway an interface's tenant may reach,
+// as a configuration writes it ("udp/53"): a protocol and a port, for no
+// interface yet. Registered for an interface, it is a row of the
+// host_only_port map, keyed by a datapath.HostPort (On).
+type ProtoPort struct {
 	Protocol datapath.Protocol
 	Port     uint16
 }
 
-// ParseHostPort parses "tcp/PORT" or "udp/PORT", as configurations write
+// On returns p's host_only_port key for the interface ifindex.
+func (p ProtoPort) On(ifindex uint32) datapath.HostPort {
+	return datapath.HostPort{Ifindex: ifindex, Protocol: p.Protocol, Port: p.Port}
+}
+
+// ParseProtoPort parses "tcp/PORT" or "udp/PORT", as configurations write
 // host-only ports.
-func ParseHostPort(s string) (HostPort, error) {
+func ParseProtoPort(s string) (ProtoPort, error) {
 	proto, port, ok := strings.Cut(s, "/")
 	n, err := strconv.ParseUint(port, 10, 16)
 	if !ok || err != nil || n == 0 {
-		return HostPort{}, fmt.Errorf("host-only port %q: want tcp/PORT or udp/PORT", s)
+		return ProtoPort{}, fmt.Errorf("host-only port %q: want tcp/PORT or udp/PORT", s)
 	}
 	switch proto {
 	case "tcp":
-		return HostPort{Protocol: datapath.ProtocolTCP, Port: uint16(n)}, nil
+		return ProtoPort{Protocol: datapath.ProtocolTCP, Port: uint16(n)}, nil
 	case "udp":
-		return HostPort{Protocol: datapath.ProtocolUDP, Port: uint16(n)}, nil
+		return ProtoPort{Protocol: datapath.ProtocolUDP, Port: uint16(n)}, nil
 	}
-	return HostPort{}, fmt.Errorf("host-only port %q: want tcp/PORT or udp/PORT", s)
+	return ProtoPort{}, fmt.Errorf("host-only port %q: want tcp/PORT or udp/PORT", s)
 }
 
 // Registry registers interfaces of one network namespace.
@@ -247,7 +255,7 @@ func (r *Registry) writeRows(ifindex uint32, reg Registration) error {
 	}
 	keep := make(map[datapath.HostPort]bool, len(reg.HostOnlyPorts))
 	for _, p := range reg.HostOnlyPorts {
-		k := datapath.HostPort{Ifindex: ifindex, Protocol: p.Protocol, Port: p.Port}
+		k := p.On(ifindex)
 		keep[k] = true
 		if err := d.HostOnlyPort.Put(k, true); err != nil {
 			return err

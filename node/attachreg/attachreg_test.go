@@ -69,7 +69,7 @@ func registration(id identity.Identity) attachreg.Registration {
 		Egress:   datapath.EgressTap,
 		Policy:   datapath.Policy{Generation: 1, DefaultAction: datapath.ActionAllow, Ethertypes: []uint16{0x0800, 0x86dd}},
 		Gateway:  datapath.Gateway{IPv4: netip.MustParseAddr("10.0.0.1")},
-		HostOnlyPorts: []attachreg.HostPort{
+		HostOnlyPorts: []attachreg.ProtoPort{
 			{Protocol: datapath.ProtocolUDP, Port: 53},
 		},
 	}
@@ -234,7 +234,7 @@ func TestUnregisterLeavesNoRowOfTheInterfaceInAnyMap(t *testing.T) {
 	for ifindex, id := range map[uint32]identity.Identity{ia: a, ib: b} {
 		reg := registration(id)
 		reg.Gateway.IPv6 = netip.MustParseAddr("fd00::1")
-		reg.HostOnlyPorts = append(reg.HostOnlyPorts, attachreg.HostPort{Protocol: datapath.ProtocolTCP, Port: 22})
+		reg.HostOnlyPorts = append(reg.HostOnlyPorts, attachreg.ProtoPort{Protocol: datapath.ProtocolTCP, Port: 22})
 		if err := s.reg.RegisterInterface(ctx, ifindex, reg); err != nil {
 			t.Fatal(err)
 		}

@@ -108,7 +108,7 @@ func checkRows(e *env, ifindex uint32, inv *invocation, fail func(string, ...any
 	}
 	want := make([]datapath.HostPort, 0, len(reg.HostOnlyPorts))
 	for _, p := range reg.HostOnlyPorts {
-		want = append(want, datapath.HostPort{Ifindex: ifindex, Protocol: p.Protocol, Port: p.Port})
+		want = append(want, p.On(ifindex))
 	}
 	if !sameSet(have, want) {
 		return fail("tap %s host_only_port rows are %v, configured %v", name, have, want)

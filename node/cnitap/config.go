@@ -238,9 +238,9 @@ func (inv *invocation) build() error {
 	for i, p := range c.Policy.Protocols {
 		protocols[i] = datapath.Protocol(p)
 	}
-	var ports []attachreg.HostPort
+	var ports []attachreg.ProtoPort
 	for _, p := range c.HostOnlyPorts {
-		hp, err := attachreg.ParseHostPort(p)
+		hp, err := attachreg.ParseProtoPort(p)
 		if err != nil {
 			errs = append(errs, err)
 			continue

@@ -241,7 +241,7 @@ func (s *scene) addTapMode(id identity.Identity, owner string, singleQueue bool)
 		Identity: id, Table: table, Egress: datapath.EgressTap,
 		Policy:        datapath.Policy{Generation: 1, DefaultAction: datapath.ActionAllow},
 		Gateway:       datapath.Gateway{IPv4: netip.MustParseAddr("10.62.0.1")},
-		HostOnlyPorts: []attachreg.HostPort{{Protocol: datapath.ProtocolUDP, Port: 53}},
+		HostOnlyPorts: []attachreg.ProtoPort{{Protocol: datapath.ProtocolUDP, Port: 53}},
 	})
 	if err != nil {
 		s.t.Fatal(err)
