@@ -52,7 +52,7 @@ func (p *Plugin) gc(inv *invocation, e *env) error {
 			return err
 		}
 		t, ok := l.AsTap()
-		if !ok || t.Alias != r.ContainerID {
+		if !ok || t.Owner() != r.ContainerID {
 			// Restamped since (a takeover by another container): the
 			// record no longer speaks for the tap.
 			p.Log.Info("GC drops a record the tap no longer matches", "network", inv.conf.Name, "tap", r.Tap, "recorded", r.ContainerID, "stamp", l.Alias)

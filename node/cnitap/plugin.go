@@ -189,8 +189,8 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 		}
 		var targets []teardown.TapRef
 		for _, t := range own {
-			if t.Alias != inv.containerID {
-				p.Log.Info("DEL leaves a tap another container stamped", "container", inv.containerID, "tap", t.Name, "stamp", t.Alias)
+			if t.Owner() != inv.containerID {
+				p.Log.Info("DEL leaves a tap another container stamped", "container", inv.containerID, "tap", t.Name, "stamp", t.Owner())
 				continue
 			}
 			targets = append(targets, teardown.RefOf(t))
@@ -297,7 +297,7 @@ func (p *Plugin) ownTaps(ctx context.Context, e *env, inv *invocation) ([]link.T
 	}
 	var own []link.Tap
 	for _, t := range link.TenantTaps(links) {
-		if inv.containerID == "" || t.Alias != inv.containerID {
+		if inv.containerID == "" || t.Owner() != inv.containerID {
 			continue
 		}
 		if mine[t.Name] || (len(mine) == 0 && !recordedAnywhere(inv.conf.DataDir, t.Name)) {

@@ -14,7 +14,7 @@ import (
 type Link struct {
 	Index      uint32
 	Name       string
-	Alias      string // IFLA_IFALIAS: for tenant taps, the owner stamp
+	Alias      string // IFLA_IFALIAS, the kernel's name for it; a tenant tap's owner stamp (Tap.Owner)
 	Kind       string // IFLA_INFO_KIND, e.g. "tun", "bridge", "vrf"
 	SlaveKind  string // IFLA_INFO_SLAVE_KIND: the kind of the master, as the slave sees it
 	Master     uint32 // ifindex of the master, 0 if none
@@ -109,9 +109,14 @@ func TenantTaps(links []Link) []Tap {
 	return taps
 }
 
+// Owner is the tap's owner stamp: the sandbox or container that made it,
+// kept in the link's alias (IFLA_IFALIAS). Above the link layer this is the
+// one name for it (TapRef.Owner, tap.Config.Owner, the JSON "owner").
+func (t Tap) Owner() string { return t.Alias }
+
 // Stamped reports whether the tap carries an owner stamp. An unstamped tap
 // cannot be attributed to a sandbox and must never be removed.
-func (t Tap) Stamped() bool { return t.Alias != "" }
+func (t Tap) Stamped() bool { return t.Owner() != "" }
 
 // Held reports whether the kernel's report alone leaves the tap possibly
 // held: on a multiqueue tap, attached plus disabled queues above zero (or

@@ -16,7 +16,7 @@ func TestTapState(t *testing.T) {
 	tap := link.Tap{Link: link.Link{Index: 7, Name: "G000000010013H", Alias: "sandbox-1"}, Identity: id}
 	unstamped := tap
 	unstamped.Alias = ""
-	ref := reclaim.TapRef{Name: tap.Name, Ifindex: tap.Index, Owner: tap.Alias, Identity: id}
+	ref := reclaim.TapRef{Name: tap.Name, Ifindex: tap.Index, Owner: tap.Owner(), Identity: id}
 	candidate := &reclaim.Pending{Tap: ref, Passes: 1}
 	confirmed := &reclaim.Pending{Tap: ref, Passes: 2}
 	otherName, otherOwner := *confirmed, *confirmed

@@ -98,7 +98,7 @@ func (v *Views) Taps(ctx context.Context) ([]TapView, error) {
 		held, why := judge.Held(ctx, t)
 		view := TapView{
 			Name: t.Name, Ifindex: t.Index, Identity: t.Identity, VPC: t.Identity.VPC.Base62(), Attachment: t.Identity.Attachment.Base62(),
-			Owner: t.Alias, Master: names[t.Master], MasterKind: t.MasterKind, Held: held, HeldWhy: why,
+			Owner: t.Owner(), Master: names[t.Master], MasterKind: t.MasterKind, Held: held, HeldWhy: why,
 			Holders: scan.Holders(t.Name), CarriedBy: snap.Carriers(t.Identity),
 		}
 		if view.CarriedBy == nil {
@@ -123,7 +123,7 @@ func (v *Views) Taps(ctx context.Context) ([]TapView, error) {
 // very tap (same name and owner): the kernel reuses ifindexes, and an entry
 // for a tap since replaced says nothing of the new one.
 func tapState(t link.Tap, held, live bool, pending *reclaim.Pending) TapState {
-	isThisTap := pending != nil && pending.Tap.Name == t.Name && pending.Tap.Owner == t.Alias
+	isThisTap := pending != nil && pending.Tap.Name == t.Name && pending.Tap.Owner == t.Owner()
 	switch {
 	case held:
 		return StateHeld

@@ -128,7 +128,7 @@ func nodeChaos(t *testing.T, seed uint64, ops int, breakIt func(*reclaim.Reclaim
 			isHeld := m.holder != nil
 			if removed[m.tap.Index] {
 				if isHeld || carried(id) || !m.tap.Stamped() {
-					return fmt.Errorf("step %d: pass removed %s (held %v, carried %v, stamp %q)", step, m.tap.Name, isHeld, carried(id), m.tap.Alias)
+					return fmt.Errorf("step %d: pass removed %s (held %v, carried %v, stamp %q)", step, m.tap.Name, isHeld, carried(id), m.tap.Owner())
 				}
 				delete(taps, id)
 				continue
@@ -210,7 +210,7 @@ func nodeChaos(t *testing.T, seed uint64, ops int, breakIt func(*reclaim.Reclaim
 			// CNI DEL, or the tap deleted behind the node's back, leaving
 			// its rows and pin for the orphan collection.
 			if rng.IntN(2) == 0 {
-				if err := s.conn.DeleteVerified(ctx, link.Expect{Index: m.tap.Index, Name: m.tap.Name, Alias: m.tap.Alias}); err != nil && !errors.Is(err, link.ErrLinkGone) {
+				if err := s.conn.DeleteVerified(ctx, link.Expect{Index: m.tap.Index, Name: m.tap.Name, Alias: m.tap.Owner()}); err != nil && !errors.Is(err, link.ErrLinkGone) {
 					return err
 				}
 				if m.rows != s.rowsJSON(m.tap.Index) {
@@ -223,7 +223,7 @@ func nodeChaos(t *testing.T, seed uint64, ops int, breakIt func(*reclaim.Reclaim
 			if err := s.reg.Registry.UnregisterInterface(ctx, m.tap.Index); err != nil { // not through the fault seam
 				return err
 			}
-			if err := s.conn.DeleteVerified(ctx, link.Expect{Index: m.tap.Index, Name: m.tap.Name, Alias: m.tap.Alias}); err != nil && !errors.Is(err, link.ErrLinkGone) {
+			if err := s.conn.DeleteVerified(ctx, link.Expect{Index: m.tap.Index, Name: m.tap.Name, Alias: m.tap.Owner()}); err != nil && !errors.Is(err, link.ErrLinkGone) {
 				return err
 			}
 			delete(taps, id)

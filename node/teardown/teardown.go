@@ -73,7 +73,7 @@ type TapRef struct {
 
 // RefOf returns the TapRef of t as read now.
 func RefOf(t link.Tap) TapRef {
-	return TapRef{Name: t.Name, Ifindex: t.Index, Owner: t.Alias, Identity: t.Identity}
+	return TapRef{Name: t.Name, Ifindex: t.Index, Owner: t.Owner(), Identity: t.Identity}
 }
 
 // Expect is what the link of r must still show for r to be removed.
