@@ -2,7 +2,7 @@
 // a live Network it claims an address block (an IPClaim with reclaimPolicy
 // Retain, in the platform's one namespace) and writes the
 // NetworkFabricIdentity derived from it. For a gone Network it deletes the
-// identity, unplaces it and releases the claim, so the claim's quota unit
+// fabric identity, unplaces it and releases the claim, so the claim's quota unit
 // returns while the Retain allocation keeps the block from ever being
 // reissued.
 //
@@ -52,11 +52,15 @@ type Network struct {
 	UID             types.UID
 }
 
-// FabricIdentity is a NetworkFabricIdentity.
+// FabricIdentity is a NetworkFabricIdentity: the object that gives a
+// network its fabric ID.
 type FabricIdentity struct {
 	Namespace, Name string
-	Identity        uint32
-	NetworkRef      string
+	// FabricID is its spec.identity: the network's number on the fabric,
+	// the 32 bits of its claim's /64 (FabricIDFromBlock). Not a tenant
+	// tap's (VPC, attachment) identity.Identity.
+	FabricID   uint32
+	NetworkRef string
 }
 
 // Reclaim policies of claims and allocations.
@@ -94,11 +98,11 @@ type Allocation struct {
 type API interface {
 	// GetNetwork reads past any cache.
 	GetNetwork(ctx context.Context, namespace, name string) (Network, error)
-	GetIdentity(ctx context.Context, namespace, name string) (FabricIdentity, error)
-	// CreateIdentity returns ErrExists, and writes nothing, when the
-	// identity exists already: identities are immutable.
-	CreateIdentity(ctx context.Context, id FabricIdentity) error
-	DeleteIdentity(ctx context.Context, namespace, name string) error
+	GetFabricIdentity(ctx context.Context, namespace, name string) (FabricIdentity, error)
+	// CreateFabricIdentity returns ErrExists, and writes nothing, when the
+	// fabric identity exists already: fabric identities are immutable.
+	CreateFabricIdentity(ctx context.Context, id FabricIdentity) error
+	DeleteFabricIdentity(ctx context.Context, namespace, name string) error
 	// CreateClaim returns ErrQuota or *AllocationRetainedError as the
 	// address service answers.
 	CreateClaim(ctx context.Context, c Claim) (Claim, error)

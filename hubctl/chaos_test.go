@@ -43,9 +43,9 @@ func hubChaos(seed uint64, ops int, breakIt func(*Controller)) error {
 			if !cache[k] {
 				continue
 			}
-			got, err := svc.GetIdentity(ctx, k.Namespace, k.Name)
-			if err != nil || got.Identity != id {
-				return fmt.Errorf("step %d (%s): live network %s lost identity %d (now %v): %w", step, what, k, id, got.Identity, err)
+			got, err := svc.GetFabricIdentity(ctx, k.Namespace, k.Name)
+			if err != nil || got.FabricID != id {
+				return fmt.Errorf("step %d (%s): live network %s lost identity %d (now %v): %w", step, what, k, id, got.FabricID, err)
 			}
 		}
 		svc.mu.Lock()
@@ -138,9 +138,9 @@ func hubChaos(seed uint64, ops int, breakIt func(*Controller)) error {
 			}
 		}
 		if cache[k] {
-			if id, err := svc.GetIdentity(ctx, k.Namespace, k.Name); err == nil {
+			if id, err := svc.GetFabricIdentity(ctx, k.Namespace, k.Name); err == nil {
 				if _, seen := identityOf[k]; !seen {
-					identityOf[k] = id.Identity
+					identityOf[k] = id.FabricID
 				}
 			}
 		}

@@ -214,7 +214,7 @@ func (c *Controller) processNext(ctx context.Context) bool {
 	return true
 }
 
-// Reconcile brings one network's identity to what the cache says: ensured
+// Reconcile brings one network's fabric identity to what the cache says: ensured
 // for a live network, collected for a gone one.
 func (c *Controller) Reconcile(ctx context.Context, key Key) error {
 	if c.cache.Exists(key.Namespace, key.Name) {
@@ -234,10 +234,10 @@ func (c *Controller) Reconcile(ctx context.Context, key Key) error {
 var errNotBound = errors.New("claim not bound yet")
 
 func (c *Controller) ensure(ctx context.Context, key Key) error {
-	if _, err := c.api.GetIdentity(ctx, key.Namespace, key.Name); err == nil {
-		return nil // identities are immutable: nothing to do
+	if _, err := c.api.GetFabricIdentity(ctx, key.Namespace, key.Name); err == nil {
+		return nil // fabric identities are immutable: nothing to do
 	} else if !errors.Is(err, ErrNotFound) {
-		return fmt.Errorf("read identity of %s: %w", key, err)
+		return fmt.Errorf("read fabric identity of %s: %w", key, err)
 	}
 	name := ClaimName(key.Namespace, key.Name)
 	claim, err := c.api.GetClaim(ctx, c.cfg.PlatformNamespace, name)
@@ -259,24 +259,24 @@ func (c *Controller) ensure(ctx context.Context, key Key) error {
 	default:
 		return fmt.Errorf("read claim %s of %s: %w", name, key, err)
 	}
-	id, err := IdentityFromBlock(block)
+	fabricID, err := FabricIDFromBlock(block)
 	if err != nil {
-		return fmt.Errorf("identity of %s from claim %s: %w", key, name, err)
+		return fmt.Errorf("fabric ID of %s from claim %s: %w", key, name, err)
 	}
 	// A network that came back under its name holds its claim again: the
 	// claim is no longer one of a gone network whose release is held up.
 	c.forgetRelease(name)
-	err = c.api.CreateIdentity(ctx, FabricIdentity{Namespace: key.Namespace, Name: key.Name, Identity: id, NetworkRef: key.Name})
+	err = c.api.CreateFabricIdentity(ctx, FabricIdentity{Namespace: key.Namespace, Name: key.Name, FabricID: fabricID, NetworkRef: key.Name})
 	if errors.Is(err, ErrExists) {
 		return nil // another writer was first; this one wrote nothing
 	}
 	if err != nil {
-		return fmt.Errorf("write identity of %s: %w", key, err)
+		return fmt.Errorf("write fabric identity of %s: %w", key, err)
 	}
 	if c.metrics != nil {
 		c.metrics.identitiesMade.Inc()
 	}
-	c.log.Info("fabric identity written", "network", key.String(), "identity", id, "block", block, "claim", name)
+	c.log.Info("fabric identity written", "network", key.String(), "identity", fabricID, "block", block, "claim", name)
 	return nil
 }
 
@@ -318,7 +318,7 @@ func (c *Controller) claim(ctx context.Context, key Key, name string) (string, e
 }
 
 // collect takes a network the cache reads as gone: only after a direct read
-// confirms it, the identity, the placement and the claim are given back.
+// confirms it, the fabric identity, the placement and the claim are given back.
 func (c *Controller) collect(ctx context.Context, key Key) error {
 	_, err := c.collectCounted(ctx, key, false, nil)
 	return err
@@ -348,8 +348,8 @@ func (c *Controller) collectCounted(ctx context.Context, key Key, sweep bool, li
 	case !errors.Is(err, ErrNotFound):
 		return c.failedBeforeRelease(sweep), fmt.Errorf("confirm %s is gone: %w", key, err)
 	}
-	if err := c.api.DeleteIdentity(ctx, key.Namespace, key.Name); err != nil && !errors.Is(err, ErrNotFound) {
-		return c.failedBeforeRelease(sweep), fmt.Errorf("delete identity of %s: %w", key, err)
+	if err := c.api.DeleteFabricIdentity(ctx, key.Namespace, key.Name); err != nil && !errors.Is(err, ErrNotFound) {
+		return c.failedBeforeRelease(sweep), fmt.Errorf("delete fabric identity of %s: %w", key, err)
 	}
 	if err := c.place.Unplace(ctx, key.Namespace, key.Name); err != nil {
 		return c.failedBeforeRelease(sweep), fmt.Errorf("unplace %s: %w", key, err)

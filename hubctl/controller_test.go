@@ -46,8 +46,8 @@ func (s *scene) reconcile(t *testing.T, ns, name string) error {
 }
 
 func (s *scene) identity(ns, name string) (uint32, bool) {
-	id, err := s.svc.GetIdentity(context.Background(), ns, name)
-	return id.Identity, err == nil
+	id, err := s.svc.GetFabricIdentity(context.Background(), ns, name)
+	return id.FabricID, err == nil
 }
 
 // Guards release: without giving the gone network's claim back, the quota

@@ -88,7 +88,7 @@ func (s *addressService) GetNetwork(_ context.Context, ns, name string) (Network
 	return n, nil
 }
 
-func (s *addressService) GetIdentity(_ context.Context, ns, name string) (FabricIdentity, error) {
+func (s *addressService) GetFabricIdentity(_ context.Context, ns, name string) (FabricIdentity, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	id, ok := s.identities[Key{ns, name}]
@@ -98,7 +98,7 @@ func (s *addressService) GetIdentity(_ context.Context, ns, name string) (Fabric
 	return id, nil
 }
 
-func (s *addressService) CreateIdentity(_ context.Context, id FabricIdentity) error {
+func (s *addressService) CreateFabricIdentity(_ context.Context, id FabricIdentity) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if _, ok := s.identities[Key{id.Namespace, id.Name}]; ok {
@@ -108,7 +108,7 @@ func (s *addressService) CreateIdentity(_ context.Context, id FabricIdentity) er
 	return nil
 }
 
-func (s *addressService) DeleteIdentity(_ context.Context, ns, name string) error {
+func (s *addressService) DeleteFabricIdentity(_ context.Context, ns, name string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if _, ok := s.identities[Key{ns, name}]; !ok {

@@ -90,34 +90,34 @@ func (k *Kube) GetNetwork(ctx context.Context, ns, name string) (Network, error)
 	return Network{Namespace: ns, Name: name, UID: u.GetUID()}, nil
 }
 
-// GetIdentity implements API.
-func (k *Kube) GetIdentity(ctx context.Context, ns, name string) (FabricIdentity, error) {
+// GetFabricIdentity implements API.
+func (k *Kube) GetFabricIdentity(ctx context.Context, ns, name string) (FabricIdentity, error) {
 	u, err := k.get(ctx, FabricIdentityResource, ns, name)
 	if err != nil {
 		return FabricIdentity{}, err
 	}
 	id, _, _ := unstructured.NestedInt64(u.Object, "spec", "identity")
 	ref, _, _ := unstructured.NestedString(u.Object, "spec", "networkRef", "name")
-	return FabricIdentity{Namespace: ns, Name: name, Identity: uint32(id), NetworkRef: ref}, nil
+	return FabricIdentity{Namespace: ns, Name: name, FabricID: uint32(id), NetworkRef: ref}, nil
 }
 
-// CreateIdentity implements API; an identity that exists already is kept
+// CreateFabricIdentity implements API; an identity that exists already is kept
 // and ErrExists returned, so that the caller counts only what it wrote.
-func (k *Kube) CreateIdentity(ctx context.Context, id FabricIdentity) error {
+func (k *Kube) CreateFabricIdentity(ctx context.Context, id FabricIdentity) error {
 	u := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": "cloud.datumapis.com/v1alpha1", "kind": "NetworkFabricIdentity",
 		"metadata": map[string]any{"namespace": id.Namespace, "name": id.Name},
-		"spec":     map[string]any{"identity": int64(id.Identity), "networkRef": map[string]any{"name": id.NetworkRef}},
+		"spec":     map[string]any{"identity": int64(id.FabricID), "networkRef": map[string]any{"name": id.NetworkRef}},
 	}}
 	_, err := k.dyn.Resource(FabricIdentityResource).Namespace(id.Namespace).Create(ctx, u, metav1.CreateOptions{})
 	if apierrors.IsAlreadyExists(err) {
-		return fmt.Errorf("create identity %s/%s: %w: %w", id.Namespace, id.Name, ErrExists, err)
+		return fmt.Errorf("create fabric identity %s/%s: %w: %w", id.Namespace, id.Name, ErrExists, err)
 	}
 	return mapErr(err)
 }
 
-// DeleteIdentity implements API.
-func (k *Kube) DeleteIdentity(ctx context.Context, ns, name string) error {
+// DeleteFabricIdentity implements API.
+func (k *Kube) DeleteFabricIdentity(ctx context.Context, ns, name string) error {
 	return mapErr(k.dyn.Resource(FabricIdentityResource).Namespace(ns).Delete(ctx, name, metav1.DeleteOptions{}))
 }
 

@@ -164,7 +164,7 @@ func mustReconcile(t *testing.T, s *scene, ns, name string) {
 // identityMiss reads no identity, as a controller racing another writer.
 type identityMiss struct{ *addressService }
 
-func (identityMiss) GetIdentity(context.Context, string, string) (FabricIdentity, error) {
+func (identityMiss) GetFabricIdentity(context.Context, string, string) (FabricIdentity, error) {
 	return FabricIdentity{}, ErrNotFound
 }
 

@@ -56,9 +56,9 @@ func NetworkOfClaim(claim string) (namespace, name string, ok bool) {
 	return namespace, name, ok && namespace != "" && name != ""
 }
 
-// IdentityFromBlock derives the fabric identity from an allocated /64: the
-// 32 bits between /32 and /64. Identity 0 is refused.
-func IdentityFromBlock(cidr string) (uint32, error) {
+// FabricIDFromBlock derives the fabric ID from an allocated /64: the 32
+// bits between /32 and /64. Fabric ID 0 is refused.
+func FabricIDFromBlock(cidr string) (uint32, error) {
 	p, err := netip.ParsePrefix(cidr)
 	if err != nil {
 		return 0, fmt.Errorf("block %q: %w: %w", cidr, ErrBadBlock, err)

@@ -45,13 +45,13 @@ func TestIdentityComesFromBits32To63AndNeverZero(t *testing.T) {
 		"fd00:0:0:1:0:0:0:0/64":       1,
 		"fd00:aaaa:0000:0002:1::0/64": 2,
 	} {
-		if got, err := IdentityFromBlock(cidr); err != nil || got != want {
-			t.Errorf("IdentityFromBlock(%s) = %#x, %v; want %#x", cidr, got, err, want)
+		if got, err := FabricIDFromBlock(cidr); err != nil || got != want {
+			t.Errorf("FabricIDFromBlock(%s) = %#x, %v; want %#x", cidr, got, err, want)
 		}
 	}
 	for _, cidr := range []string{"", "garbage", "fd00::/64", "fd00:0:0:1::/48", "10.0.0.0/24", "::ffff:10.0.0.0/64", "fd00:0:0:1::/128"} {
-		if got, err := IdentityFromBlock(cidr); !errors.Is(err, ErrBadBlock) || got != 0 {
-			t.Errorf("IdentityFromBlock(%q) = %d, %v; want ErrBadBlock and 0", cidr, got, err)
+		if got, err := FabricIDFromBlock(cidr); !errors.Is(err, ErrBadBlock) || got != 0 {
+			t.Errorf("FabricIDFromBlock(%q) = %d, %v; want ErrBadBlock and 0", cidr, got, err)
 		}
 	}
 }
