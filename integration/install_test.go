@@ -339,10 +339,10 @@ func installSteps(t *testing.T) []string {
 	return steps
 }
 
-// The install steps run as written, in order, with a real kubectl against
-// a real API server where only the platform's own preconditions hold: its
-// namespace, and the CRDs of the systems galactic works with.
-func TestTheInstallStepsRunInOrderAsWritten(t *testing.T) {
+// kubectlBinary is the kubectl hack/testbin.sh builds beside the API
+// server. Missing, it fails the test under CI=true and skips it elsewhere.
+func kubectlBinary(t *testing.T) string {
+	t.Helper()
 	kubectl := filepath.Join(os.Getenv("KUBEBUILDER_ASSETS"), "kubectl")
 	if _, err := os.Stat(kubectl); err != nil {
 		msg := "needs kubectl beside the API server: run `make test`, or KUBEBUILDER_ASSETS=$(hack/testbin.sh) go test ..."
@@ -351,6 +351,14 @@ func TestTheInstallStepsRunInOrderAsWritten(t *testing.T) {
 		}
 		t.Skip(msg)
 	}
+	return kubectl
+}
+
+// The install steps run as written, in order, with a real kubectl against
+// a real API server where only the platform's own preconditions hold: its
+// namespace, and the CRDs of the systems galactic works with.
+func TestTheInstallStepsRunInOrderAsWritten(t *testing.T) {
+	kubectl := kubectlBinary(t)
 	c := clustertest.Start(t) // a cluster of its own: no namespace made by another test
 	defer func() { _ = c.Env.Stop() }()
 	cs, err := kubernetes.NewForConfig(c.Config)

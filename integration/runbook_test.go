@@ -124,14 +124,7 @@ func commands(block string) []string {
 // blocks are run.
 func TestRunbookCommandsRunWhereTheySay(t *testing.T) {
 	blocks := runbookBlocks(t)
-	kubectl := filepath.Join(os.Getenv("KUBEBUILDER_ASSETS"), "kubectl")
-	if _, err := os.Stat(kubectl); err != nil {
-		msg := "needs kubectl beside the API server: run `make test`, or KUBEBUILDER_ASSETS=$(hack/testbin.sh) go test ..."
-		if os.Getenv("CI") == "true" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
+	kubectl := kubectlBinary(t)
 	cluster := clustertest.Shared(t)
 	for _, tool := range []string{"unshare", "mount", "curl", "pgrep"} {
 		if _, err := exec.LookPath(tool); err != nil {
