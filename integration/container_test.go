@@ -93,6 +93,9 @@ func loadImage(t *testing.T, name string) string {
 	if !strings.HasPrefix(ref, "ghcr.io/datum-cloud/"+name) {
 		t.Fatalf("the archive names %s, want ghcr.io/datum-cloud/%s", ref, name)
 	}
+	// Each build is a new image: a machine that runs the tests often would
+	// keep every one of them in podman's store.
+	t.Cleanup(func() { _ = podmanCmd("rmi", "--force", ref).Run() })
 	return strings.TrimSpace(string(id))
 }
 
