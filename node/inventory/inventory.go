@@ -17,10 +17,10 @@
 package inventory
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"iter"
 	"slices"
 	"strings"
 	"time"
@@ -79,7 +79,13 @@ type Snapshot struct {
 	Malformed      []ObjectRef
 	MalformedWhy   map[ObjectRef]string
 
-	carriers map[identity.Identity][]ObjectRef
+	// carriers maps each identity to the objects that carry it. overlay,
+	// from an Index, holds the identities that changed since carriers was
+	// built, and wins over it: an empty list there means none carries the
+	// identity any more. identities counts the identities carried.
+	carriers   map[identity.Identity][]ObjectRef
+	overlay    map[identity.Identity][]ObjectRef
+	identities int
 }
 
 // Healthy returns nil when the snapshot may justify a removal, or the reason
@@ -114,14 +120,36 @@ func (s *Snapshot) malformedError() error {
 	return fmt.Errorf("%w (%d; identity fields set but not parseable): %s", ErrMalformedObject, len(s.Malformed), b.String())
 }
 
-// Carriers returns the objects that carry id.
-func (s *Snapshot) Carriers(id identity.Identity) []ObjectRef { return s.carriers[id] }
+// Carriers returns the objects that carry id. The list is shared: read it,
+// never write it.
+func (s *Snapshot) Carriers(id identity.Identity) []ObjectRef {
+	if l, ok := s.overlay[id]; ok {
+		return l
+	}
+	return s.carriers[id]
+}
 
 // Carried reports whether any object carries id.
-func (s *Snapshot) Carried(id identity.Identity) bool { return len(s.carriers[id]) > 0 }
+func (s *Snapshot) Carried(id identity.Identity) bool { return len(s.Carriers(id)) > 0 }
 
 // Identities is the number of distinct identities carried.
-func (s *Snapshot) Identities() int { return len(s.carriers) }
+func (s *Snapshot) Identities() int { return s.identities }
+
+// All yields every identity carried and its carriers, in no set order.
+func (s *Snapshot) All() iter.Seq2[identity.Identity, []ObjectRef] {
+	return func(yield func(identity.Identity, []ObjectRef) bool) {
+		for id, l := range s.overlay {
+			if len(l) > 0 && !yield(id, l) {
+				return
+			}
+		}
+		for id, l := range s.carriers {
+			if _, changed := s.overlay[id]; !changed && !yield(id, l) {
+				return
+			}
+		}
+	}
+}
 
 // Source produces snapshots. Snapshot must not block on the network: sources
 // read from what they have already cached.
@@ -226,9 +254,8 @@ func NewSnapshot(objects []Object, synced bool, readErr error) Snapshot {
 	}
 	// The cluster lists objects in no stable order: sort, so that Healthy
 	// names the same objects first on every pass.
-	slices.SortFunc(s.Malformed, func(a, b ObjectRef) int {
-		return cmp.Or(cmp.Compare(a.Kind, b.Kind), cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
-	})
+	slices.SortFunc(s.Malformed, compareRefs)
+	s.identities = len(s.carriers)
 	return s
 }
 
