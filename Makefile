@@ -12,7 +12,7 @@ FUZZTIME        ?= 300000x
 PKGS            := ./...
 VERSION         ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: demo all build images pin-images test test-unit test-privileged testbin fuzz bench lint fmt-check vet generate
+.PHONY: demo all build images pin-images test test-unit test-privileged testbin fuzz bench bench-fleet lint fmt-check vet generate
 
 all: build
 
@@ -111,6 +111,12 @@ fuzz:
 # Every benchmark, as root; writes bench/RESULTS.md.
 bench: testbin
 	hack/bench.sh
+
+# The fleet simulation at its large sizes (200 nodes, 100,000 objects, as far
+# as the machine holds); writes bench/FLEET.md. `make bench` runs its small
+# sizes. docs/scale.md builds on both.
+bench-fleet: testbin
+	hack/bench-fleet.sh
 
 # The pinned golangci-lint (.golangci.yml), built once per machine
 # (hack/golangci-lint.sh); .ci/run runs it before make test.

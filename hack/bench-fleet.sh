@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# make bench-fleet: the fleet simulation (bench/fleet) at its large sizes, one
+# `go test` process per size, each bounded in time, and writes bench/FLEET.md
+# with the machine and date. A size that fails (out of time or memory) is
+# written down as such; the sizes after it still run. `make bench` runs the
+# small sizes (10 and 50 nodes, 10,000 objects) with the other benchmarks.
+#
+# GALACTICTEST_FLEET_SIZES: the sizes, NODESxOBJECTS, comma-separated.
+# GALACTICTEST_FLEET_TIMEOUT: the bound on one size (15m).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="$PATH:/usr/local/go/bin"
+KUBEBUILDER_ASSETS=$(hack/testbin.sh)
+export KUBEBUILDER_ASSETS
+sizes=${GALACTICTEST_FLEET_SIZES:-200x10000,50x100000,200x100000}
+limit=${GALACTICTEST_FLEET_TIMEOUT:-15m}
+out=${GALACTICTEST_FLEET_OUT:-bench/FLEET.md}
+raw=$(mktemp)
+trap 'rm -f "$raw"' EXIT
+go test -c -o "$raw.bin" ./bench/fleet
+trap 'rm -f "$raw" "$raw.bin"' EXIT
+
+IFS=, read -ra list <<<"$sizes"
+for s in "${list[@]}"; do
+	echo "bench-fleet $s" >&2
+	log=$(mktemp)
+	start=$(date +%s)
+	set +e
+	GALACTICTEST_FLEET_SIZES=$s timeout --kill-after=30s "$limit" "$raw.bin" -test.run='^$' -test.bench=Fleet -test.benchtime=1x -test.timeout=0 >"$log" 2>&1
+	rc=$?
+	set -e
+	cat "$log" >&2
+	if grep -qE '^BenchmarkFleet' "$log"; then
+		grep -E '^BenchmarkFleet' "$log" >>"$raw"
+	else
+		why="exit $rc"
+		[ "$rc" = 124 ] || [ "$rc" = 137 ] && why="not done within $limit (exit $rc)"
+		reason=$(grep -m1 -E 'fleet_test.go:|fatal error|out of memory|signal: killed|panic:' "$log" | sed 's/^ *//' || true)
+		echo "FAILED $s $why after $(( $(date +%s) - start )) s${reason:+: $reason}" >>"$raw"
+	fi
+	rm -f "$log"
+done
+
+# fig LINE UNIT: the figure of a benchmark line reported in UNIT.
+fig() { echo "$1" | awk -v u="$2" '{ for (i = 3; i < NF; i++) if ($(i+1) == u) { printf "%.4g", $i; exit } print "-" }'; }
+
+{
+	echo "# Fleet simulation"
+	echo
+	echo "Written by \`make bench-fleet\` (hack/bench-fleet.sh, bench/fleet) on $(date -u +%Y-%m-%dT%H:%MZ)."
+	echo
+	echo "Machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), kernel $(uname -r), $(go version | cut -d' ' -f3)."
+	echo "Shared and noisy; the API server, etcd and every simulated node share its cores."
+	echo
+	echo "N simulated nodes, each the daemon's informer source (kubeinventory.NewCluster) on a client and"
+	echo "TCP connection of its own, against one kube-apiserver and etcd holding M objects (70% VPCAttachments,"
+	echo "30% BGPAdvertisements). Nodes start 10 at a time. RSS is VmRSS once every node has synced and 15 s"
+	echo "have passed; peak is the API server's VmHWM. Per node = this process's heap growth after GC / N."
+	echo "delete/create = from the start of the write until the last node's Snapshot agrees (upper bound:"
+	echo "Snapshots are polled round-robin, one sweep of all N is the resolution); wire = until the watch"
+	echo "event reached the last node's connection. p50/p99 over 100 probes, written one every 20 ms."
+	echo
+	echo "| N | M | apiserver RSS MiB (peak) | apiserver CPU s, N initial lists | apiserver idle CPU % | etcd RSS MiB | per node MiB | all synced s | delete→gone p50/p99 ms | wire | create→carried p50/p99 ms | wire | sweep ms | conns |"
+	echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+	while read -r line; do
+		case $line in
+		FAILED*)
+			set -- $line
+			echo "| ${2%x*} | ${2#*x} | ${line#FAILED $2 } |||||||||||"
+			;;
+		*)
+			n=$(echo "$line" | sed -E 's/.*nodes=([0-9]+).*/\1/'); m=$(echo "$line" | sed -E 's/.*objects=([0-9]+).*/\1/')
+			echo "| $n | $m | $(fig "$line" api-rss-MiB) ($(fig "$line" api-peak-rss-MiB)) | $(fig "$line" api-sync-cpu-s) | $(fig "$line" api-idle-cpu-%) | $(fig "$line" etcd-rss-MiB) | $(fig "$line" node-heap-MiB) | $(fig "$line" sync-s) | $(fig "$line" delete-p50-ms) / $(fig "$line" delete-p99-ms) | $(fig "$line" delete-wire-p50-ms) / $(fig "$line" delete-wire-p99-ms) | $(fig "$line" create-p50-ms) / $(fig "$line" create-p99-ms) | $(fig "$line" create-wire-p50-ms) / $(fig "$line" create-wire-p99-ms) | $(fig "$line" delete-sweep-ms) | $(fig "$line" api-conns) |"
+			;;
+		esac
+	done <"$raw"
+	echo
+	echo "Raw lines:"
+	echo
+	echo '```'
+	cat "$raw"
+	echo '```'
+} >"$out"
+echo "wrote $out" >&2
