@@ -33,27 +33,32 @@ var (
 	AdvertisementResource = schema.GroupVersionResource{Group: "network.datumapis.com", Version: "v1alpha1", Resource: "bgpadvertisements"}
 )
 
-// Cluster reads the inventory from the API server through shared informers
-// over VPCAttachments and BGPAdvertisements in all namespaces. After the
-// initial list, it follows watches: a Snapshot makes no API request. Objects
-// are trimmed to an inventory.Object before they are cached, to bound memory.
+// Cluster reads the inventory from the API server through watches over
+// VPCAttachments and BGPAdvertisements in all namespaces. After the initial
+// list, it follows the watches: a Snapshot makes no API request. Objects are
+// trimmed to an inventory.Object as they arrive, and the watches' store is
+// an inventory.Index, which keeps the identity map up to date one event at a
+// time: a Snapshot while nothing changed costs nothing, and no snapshot can
+// miss an object the store holds, since the store is the map.
 type Cluster struct {
 	log     *slog.Logger
+	index   *inventory.Index
 	sources []*watched
 
-	// host and http serve consistent reads (Prove), outside the informers.
+	// host and http serve consistent reads (Prove), outside the watches.
 	host   string
 	http   *http.Client
 	proven atomic.Int64 // unix nanoseconds of the last successful Prove
 }
 
-// watched is one informer and the health of its list/watch calls.
+// watched is one resource's watch and the health of its list/watch calls.
 type watched struct {
 	gvr        schema.GroupVersionResource
-	informer   cache.SharedIndexInformer
+	kind       string
+	ctrl       cache.Controller
 	fromFields func(namespace, name, vpc, attachment string) inventory.Object
 
-	// seen is when the informer last heard from the API server (unix
+	// seen is when the watch last heard from the API server (unix
 	// nanoseconds): a list, or any watch event, bookmarks included.
 	seen atomic.Int64
 
@@ -74,17 +79,18 @@ func NewCluster(cfg *rest.Config, log *slog.Logger) (*Cluster, error) {
 	if err != nil {
 		return nil, fmt.Errorf("inventory: http client: %w", err)
 	}
-	c := &Cluster{log: log, host: strings.TrimSuffix(cfg.Host, "/"), http: hc}
+	c := &Cluster{log: log, index: inventory.NewIndex(), host: strings.TrimSuffix(cfg.Host, "/"), http: hc}
 	for _, r := range []struct {
 		gvr        schema.GroupVersionResource
+		kind       string
 		fromFields func(namespace, name, vpc, attachment string) inventory.Object
 	}{
-		{AttachmentResource, inventory.AttachmentObject},
-		{AdvertisementResource, func(namespace, name, _, _ string) inventory.Object {
+		{AttachmentResource, inventory.AttachmentKind, inventory.AttachmentObject},
+		{AdvertisementResource, inventory.AdvertisementKind, func(namespace, name, _, _ string) inventory.Object {
 			return inventory.AdvertisementObject(namespace, name)
 		}},
 	} {
-		w, err := newWatched(dc.Resource(r.gvr), r.gvr, r.fromFields, log)
+		w, err := newWatched(dc.Resource(r.gvr), r.gvr, r.kind, r.fromFields, c.index, log)
 		if err != nil {
 			return nil, err
 		}
@@ -93,13 +99,8 @@ func NewCluster(cfg *rest.Config, log *slog.Logger) (*Cluster, error) {
 	return c, nil
 }
 
-func newWatched(ri dynamic.NamespaceableResourceInterface, gvr schema.GroupVersionResource, fromFields func(namespace, name, vpc, attachment string) inventory.Object, log *slog.Logger) (*watched, error) {
-	w := &watched{gvr: gvr, fromFields: fromFields}
-	trim := func(u *unstructured.Unstructured) inventory.Object {
-		vpc, _, _ := unstructured.NestedString(u.Object, "status", "vpc")
-		att, _, _ := unstructured.NestedString(u.Object, "status", "vpcAttachment")
-		return fromFields(u.GetNamespace(), u.GetName(), vpc, att)
-	}
+func newWatched(ri dynamic.NamespaceableResourceInterface, gvr schema.GroupVersionResource, kind string, fromFields func(namespace, name, vpc, attachment string) inventory.Object, index *inventory.Index, log *slog.Logger) (*watched, error) {
+	w := &watched{gvr: gvr, kind: kind, fromFields: fromFields}
 	lw := &cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
 			list, err := ri.Namespace(metav1.NamespaceAll).List(ctx, opts)
@@ -118,23 +119,104 @@ func newWatched(ri dynamic.NamespaceableResourceInterface, gvr schema.GroupVersi
 			return newSeenWatch(wi, &w.seen), nil
 		},
 	}
-	w.informer = cache.NewSharedIndexInformerWithOptions(lw, &unstructured.Unstructured{}, cache.SharedIndexInformerOptions{ObjectDescription: gvr.Resource})
-	if err := w.informer.SetTransform(func(obj any) (any, error) {
-		if u, ok := obj.(*unstructured.Unstructured); ok {
-			return &cachedObject{ObjectMeta: metav1.ObjectMeta{
-				Name: u.GetName(), Namespace: u.GetNamespace(), ResourceVersion: u.GetResourceVersion(), UID: u.GetUID(),
-			}, Object: trim(u)}, nil
-		}
-		return obj, nil // tombstones and already trimmed objects
-	}); err != nil {
-		return nil, fmt.Errorf("inventory: %s transform: %w", gvr.Resource, err)
-	}
-	if err := w.informer.SetWatchErrorHandlerWithContext(func(_ context.Context, _ *cache.Reflector, err error) {
-		w.record(err, log)
-	}); err != nil {
-		return nil, fmt.Errorf("inventory: %s error handler: %w", gvr.Resource, err)
-	}
+	store := &indexStore{kind: kind, index: index}
+	// A DeltaFIFO and a controller, as a shared informer builds them, but
+	// with the Index as the store: an informer's own store would keep every
+	// object a second time (its cache key, its metadata), and a map built
+	// beside it from event handlers would trail it, so that a snapshot could
+	// miss an object the store already holds.
+	fifo := cache.NewDeltaFIFOWithOptions(cache.DeltaFIFOOptions{
+		KnownObjects:          store,
+		EmitDeltaTypeReplaced: true,
+		Transformer: func(obj any) (any, error) {
+			if u, ok := obj.(*unstructured.Unstructured); ok {
+				vpc, _, _ := unstructured.NestedString(u.Object, "status", "vpc")
+				att, _, _ := unstructured.NestedString(u.Object, "status", "vpcAttachment")
+				return &cachedObject{ObjectMeta: metav1.ObjectMeta{Name: u.GetName(), Namespace: u.GetNamespace()},
+					Object: fromFields(u.GetNamespace(), u.GetName(), vpc, att)}, nil
+			}
+			return obj, nil // tombstones and already trimmed objects
+		},
+	})
+	w.ctrl = cache.New(&cache.Config{
+		Queue:             fifo,
+		ListerWatcher:     lw,
+		ObjectType:        &unstructured.Unstructured{},
+		ObjectDescription: gvr.Resource,
+		Process: func(obj any, _ bool) error {
+			deltas, ok := obj.(cache.Deltas)
+			if !ok {
+				return fmt.Errorf("inventory: %s: %T popped, not Deltas", gvr.Resource, obj)
+			}
+			for _, d := range deltas {
+				if err := store.apply(d); err != nil {
+					return fmt.Errorf("inventory: %s: %w", gvr.Resource, err)
+				}
+			}
+			return nil
+		},
+		WatchErrorHandlerWithContext: func(_ context.Context, _ *cache.Reflector, err error) {
+			w.record(err, log)
+		},
+	})
 	return w, nil
+}
+
+// indexStore is one resource's view of the Index, as its DeltaFIFO asks
+// for it: which objects the store holds, so that a relist turns the objects
+// it no longer lists into deletions.
+type indexStore struct {
+	kind  string
+	index *inventory.Index
+}
+
+// apply writes one change to the Index. A deletion may be a tombstone
+// (cache.DeletedFinalStateUnknown: deleted while the watch was down, seen
+// missing from a relist), which names the object by its key.
+func (s *indexStore) apply(d cache.Delta) error {
+	if d.Type == cache.Deleted {
+		if t, ok := d.Object.(cache.DeletedFinalStateUnknown); ok {
+			ns, name, err := cache.SplitMetaNamespaceKey(t.Key)
+			if err != nil {
+				return err
+			}
+			s.index.Delete(inventory.ObjectRef{Kind: s.kind, Namespace: ns, Name: name})
+			return nil
+		}
+	}
+	co, ok := d.Object.(*cachedObject)
+	if !ok {
+		return fmt.Errorf("%s of a %T", d.Type, d.Object)
+	}
+	if d.Type == cache.Deleted {
+		s.index.Delete(co.Object.Ref)
+	} else { // Added, Updated, Replaced, Sync
+		s.index.Set(co.Object)
+	}
+	return nil
+}
+
+// ListKeys implements cache.KeyLister.
+func (s *indexStore) ListKeys() []string {
+	refs := s.index.Refs(s.kind)
+	keys := make([]string, len(refs))
+	for i, r := range refs {
+		keys[i] = r.Namespace + "/" + r.Name
+	}
+	return keys
+}
+
+// GetByKey implements cache.KeyGetter.
+func (s *indexStore) GetByKey(key string) (any, bool, error) {
+	ns, name, err := cache.SplitMetaNamespaceKey(key)
+	if err != nil {
+		return nil, false, err
+	}
+	o, ok := s.index.Get(inventory.ObjectRef{Kind: s.kind, Namespace: ns, Name: name})
+	if !ok {
+		return nil, false, nil
+	}
+	return &cachedObject{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}, Object: o}, true, nil
 }
 
 // record keeps the last error of a list or watch call; a successful call
@@ -154,42 +236,38 @@ func (w *watched) record(err error, log *slog.Logger) {
 	w.lastErr = err
 }
 
-// Start runs the informers until ctx ends. It returns at once.
+// Start runs the watches until ctx ends. It returns at once.
 func (c *Cluster) Start(ctx context.Context) {
 	for _, w := range c.sources {
-		go w.informer.RunWithContext(ctx)
+		go w.ctrl.RunWithContext(ctx)
 	}
 }
 
-// WaitForSync blocks until every informer has synced or ctx ends, and
-// reports whether they synced.
+// WaitForSync blocks until every watch has stored its initial list or ctx
+// ends, and reports whether they all did.
 func (c *Cluster) WaitForSync(ctx context.Context) bool {
 	fns := make([]cache.InformerSynced, len(c.sources))
 	for i, w := range c.sources {
-		fns[i] = w.informer.HasSynced
+		fns[i] = w.ctrl.HasSynced
 	}
 	return cache.WaitForCacheSync(ctx.Done(), fns...)
 }
 
-// Snapshot implements inventory.Source from the informers' caches.
+// Snapshot implements inventory.Source from the Index. Synced is read
+// before the Index: a DeltaFIFO reports synced only once the last object
+// of its initial list is in the store, so a synced snapshot holds it.
 func (c *Cluster) Snapshot(context.Context) inventory.Snapshot {
 	synced := true
 	var errs []error
-	var objects []inventory.Object
 	for _, w := range c.sources {
-		synced = synced && w.informer.HasSynced()
+		synced = synced && w.ctrl.HasSynced()
 		w.mu.Lock()
 		if w.lastErr != nil {
 			errs = append(errs, w.lastErr)
 		}
 		w.mu.Unlock()
-		for _, item := range w.informer.GetStore().List() {
-			if co, ok := item.(*cachedObject); ok {
-				objects = append(objects, co.Object)
-			}
-		}
 	}
-	return inventory.NewSnapshot(objects, synced, errors.Join(errs...))
+	return c.index.Snapshot(synced, errors.Join(errs...))
 }
 
 // seenWatch passes a watch's events on and notes when each arrived: a
@@ -226,8 +304,9 @@ func (s *seenWatch) Stop() {
 	s.Interface.Stop()
 }
 
-// cachedObject is what the informers store: a trimmed inventory.Object with
-// just enough metadata for the cache's keys.
+// cachedObject is what the watches queue: a trimmed inventory.Object with
+// just enough metadata for the queue's keys. The Index keeps only the
+// inventory.Object.
 type cachedObject struct {
 	metav1.TypeMeta
 	metav1.ObjectMeta
