@@ -23,6 +23,9 @@ run ./node/reclaim 'PassWithNoRemovals' 5x
 run ./node/reclaim 'Remove1000ConfirmedTaps' 2x
 run ./node/reclaim 'APIRequestsPerSteadyStatePass' 20x
 run ./node/reclaim 'RemovingPassProof' 5x
+# One process for both, so the 100,000 VPCAttachments (minutes to create)
+# are created once.
+run ./node/reclaim 'PassWith100000ClusterObjects|ClusterInventoryHeapWith100000Objects' 1x
 run ./node/inventory 'FileInventory100000Identities' 5x
 run ./admin 'PendingWithAuthAt64Clients' 3x
 run ./hubctl 'Release1000ClaimsOfGoneNetworks' 1x
@@ -59,6 +62,9 @@ GALACTICTEST_FLEET_SIZES=10x10000,50x10000 run ./bench/fleet 'Fleet' 1x
 	echo "server (1,000 VPCAttachments) that must precede every removal. batch-dump = one batch dump of every"
 	echo "per-interface map, the peer of the orphan scan (16,384 ifindex_vrf rows, 1% orphans). bridge = the"
 	echo "reference bridge+host-local conflist (containernetworking/plugins v1.10.0) through libcni, same run."
+	echo "static = the same pass over 10,000 taps with an inventory.Static of the same 100,000 objects;"
+	echo "prebuilt = with a snapshot built in advance (no inventory cost); heap-MiB = live heap of a cluster"
+	echo "inventory synced over 100,000 VPCAttachments of a real API server."
 	echo "Fleet: N simulated nodes' informers against one API server (bench/fleet; bench/FLEET.md has the"
 	echo "large sizes and what each figure is, docs/scale.md the model built on them)."
 } > bench/RESULTS.md

@@ -4,7 +4,10 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"os"
 	"os/exec"
+	"runtime"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -13,6 +16,7 @@ import (
 	"github.com/jsimonetti/rtnetlink/v2"
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 
 	"github.com/datum-cloud/galactic-node/internal/clustertest"
@@ -307,3 +311,172 @@ func BenchmarkRemovingPassProof(b *testing.B) {
 type roundTripFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// clusterObjects makes the shared cluster hold exactly n VPCAttachments in
+// namespace "scale", the first carries of them carrying the identities of
+// stampedTaps' taps (benchID(0) on) and the rest others, and returns them as
+// the inventory reads them. Objects already there are kept, so the
+// benchmarks that need the same n create them once per run. Eight clients
+// create them at once: one takes minutes at 100,000.
+func clusterObjects(b *testing.B, n int) []inventory.Object {
+	b.Helper()
+	cluster := clustertest.Shared(b)
+	objs := make([]inventory.Object, n)
+	for i := range n {
+		id := benchID(i)
+		objs[i] = inventory.AttachmentObject("scale", fmt.Sprintf("att-%d", i), id.VPC.Base62(), id.Attachment.Base62())
+	}
+	ctx := context.Background()
+	ri := cluster.Client.Resource(kubeinventory.AttachmentResource)
+	list, err := ri.List(ctx, metav1.ListOptions{ResourceVersion: "0"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if len(list.Items) == n {
+		return objs
+	}
+	cluster.DeleteAll(b, kubeinventory.AttachmentResource)
+	cluster.Apply(b, kubeinventory.AttachmentResource, clustertest.Attachment("scale", "att-0", benchID(0).VPC.Base62(), benchID(0).Attachment.Base62()))
+	start := time.Now()
+	var next atomic.Int64
+	next.Store(1)
+	errs := make(chan error, 8)
+	for range 8 {
+		go func() {
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= n {
+					errs <- nil
+					return
+				}
+				id := benchID(i)
+				obj := clustertest.Attachment("scale", fmt.Sprintf("att-%d", i), id.VPC.Base62(), id.Attachment.Base62())
+				status := obj.Object["status"]
+				created, err := ri.Namespace("scale").Create(ctx, obj, metav1.CreateOptions{})
+				if err == nil {
+					created.Object["status"] = status
+					_, err = ri.Namespace("scale").UpdateStatus(ctx, created, metav1.UpdateOptions{})
+				}
+				if err != nil {
+					errs <- fmt.Errorf("attachment %d: %w", i, err)
+					return
+				}
+			}
+		}()
+	}
+	for range 8 {
+		if err := <-errs; err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.Logf("created %d VPCAttachments in %s", n, time.Since(start).Round(time.Second))
+	return objs
+}
+
+// scaleObjects is how many cluster objects the scale benchmarks hold:
+// 100,000, or GALACTICTEST_SCALE_OBJECTS.
+func scaleObjects(b *testing.B) int {
+	if v := os.Getenv("GALACTICTEST_SCALE_OBJECTS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 10000 {
+			b.Fatalf("GALACTICTEST_SCALE_OBJECTS=%q: want a number of at least 10000", v)
+		}
+		return n
+	}
+	return 100000
+}
+
+// startSynced runs a cluster inventory until the benchmark ends and waits
+// until it shows want attachments.
+func startSynced(b *testing.B, want int) *kubeinventory.Cluster {
+	b.Helper()
+	inv, err := kubeinventory.NewCluster(clustertest.Shared(b).Config, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	b.Cleanup(cancel)
+	inv.Start(ctx)
+	for deadline := time.Now().Add(5 * time.Minute); ; time.Sleep(100 * time.Millisecond) {
+		if s := inv.Snapshot(ctx); s.Healthy() == nil && s.Attachments == want {
+			return inv
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("inventory never showed %d attachments", want)
+		}
+	}
+}
+
+// fixedSource serves one snapshot built in advance: a pass whose inventory
+// costs nothing, the floor for the others.
+type fixedSource struct{ s inventory.Snapshot }
+
+func (f fixedSource) Snapshot(context.Context) inventory.Snapshot { return f.s }
+
+// BenchmarkPassWith100000ClusterObjects runs a pass over 10,000 live taps
+// with the cluster inventory over 100,000 VPCAttachments of a real API
+// server (10,000 of them carrying the taps), against the same pass, in the
+// same run, with an inventory.Static of the same objects (which builds its
+// snapshot on every pass) and with a snapshot built in advance (no
+// inventory cost at all).
+func BenchmarkPassWith100000ClusterObjects(b *testing.B) {
+	const taps = 10000
+	n := scaleObjects(b)
+	objs := clusterObjects(b, n)
+	inv := startSynced(b, n)
+	ns := nettest.NewNS(b)
+	stampedTaps(b, ns, taps)
+	locks, _ := vrf.NewLocker(b.TempDir())
+	static := &inventory.Static{Objects: objs, Synced: true}
+	pass := func(src inventory.Source) *reclaim.Reclaimer {
+		return reclaim.New(ns.Dial(b), src, noRows{}, locks, nil, nil, reclaim.Config{})
+	}
+	ours, withStatic, withFixed := pass(inv), pass(static), pass(fixedSource{static.Snapshot(context.Background())})
+	check := func(rep reclaim.Report) {
+		if rep.Inputs.StampedTaps != taps || len(rep.Candidates) != 0 || rep.Inputs.Identities != n {
+			b.Fatalf("pass read %d stamped taps, %d identities, %d candidates: %s", rep.Inputs.StampedTaps, rep.Inputs.Identities, len(rep.Candidates), rep.Reason)
+		}
+	}
+	timed := func(r *reclaim.Reclaimer) time.Duration {
+		start := time.Now()
+		check(r.Pass(context.Background(), reclaim.PassOptions{}))
+		return time.Since(start)
+	}
+	var staticT, fixedT time.Duration
+	for b.Loop() {
+		check(ours.Pass(context.Background(), reclaim.PassOptions{}))
+		b.StopTimer()
+		staticT += timed(withStatic)
+		fixedT += timed(withFixed)
+		b.StartTimer()
+	}
+	b.StopTimer()
+	per := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / float64(b.N) }
+	oursT := per(b.Elapsed())
+	b.ReportMetric(float64(n), "objects")
+	b.ReportMetric(per(staticT), "static-ns/op")
+	b.ReportMetric(oursT/per(staticT), "x-of-static")
+	b.ReportMetric(oursT/per(fixedT), "x-of-prebuilt")
+}
+
+// BenchmarkClusterInventoryHeapWith100000Objects reports the heap a node's
+// cluster inventory keeps over 100,000 VPCAttachments of a real API server,
+// through the real informers: live heap after a GC, before the source is
+// made and once it shows every object.
+func BenchmarkClusterInventoryHeapWith100000Objects(b *testing.B) {
+	n := scaleObjects(b)
+	clusterObjects(b, n)
+	var heap float64
+	for b.Loop() {
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		inv := startSynced(b, n)
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		heap += float64(after.HeapAlloc) - float64(before.HeapAlloc)
+		runtime.KeepAlive(inv)
+	}
+	b.ReportMetric(float64(n), "objects")
+	b.ReportMetric(heap/float64(b.N)/(1<<20), "heap-MiB")
+}
