@@ -1,5 +1,6 @@
-// Package kubeinventory reads the inventory from the API server: shared
-// informers over VPCAttachments and BGPAdvertisements in all namespaces, and
+// Package kubeinventory reads the inventory from the API server: watches
+// over VPCAttachments and BGPAdvertisements in all namespaces, kept in an
+// inventory.Index that updates the identity map event by event, and
 // the consistent read that proves them current. It is the one package of the
 // inventory that links client-go; the rule and the types are node/inventory's.
 package kubeinventory

@@ -75,7 +75,7 @@ func eventually(t *testing.T, c *Cluster, what string, ok func(s *inventory.Snap
 
 func carriedBy(id identity.Identity, refs ...inventory.ObjectRef) func(s *inventory.Snapshot) bool {
 	return func(s *inventory.Snapshot) bool {
-		got := slices.SortedFunc(slices.Values(s.Carriers(id)), func(a, b inventory.ObjectRef) int { return compareRef(a, b) })
+		got := slices.SortedFunc(slices.Values(s.Carriers(id)), compareRef)
 		return slices.Equal(got, refs)
 	}
 }
@@ -213,10 +213,10 @@ func TestSnapshotMatchesNewSnapshotAfterRandomEvents(t *testing.T) {
 		} else {
 			k := key{inventory.AttachmentKind, fmt.Sprintf("tenant-%d", rng.IntN(3)), fmt.Sprintf("att-%d", rng.IntN(30))}
 			vpc, att := id.VPC.Base62(), id.Attachment.Base62()
-			switch r := rng.IntN(20); {
-			case r == 0:
+			switch rng.IntN(20) {
+			case 0:
 				vpc = "zzzzzzzzzzzzzzzz"
-			case r == 1:
+			case 1:
 				vpc, att = "", ""
 			}
 			switch {
