@@ -4,7 +4,6 @@ import (
 	"context"
 	"net"
 	"net/url"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -252,23 +251,11 @@ func sharedWithLiveAttachment(t *testing.T) *clustertest.Cluster {
 // apiServerPID finds the kube-apiserver of cluster by its certificate folder.
 func apiServerPID(t *testing.T, cluster *clustertest.Cluster) int {
 	t.Helper()
-	entries, _ := os.ReadDir("/proc")
-	for _, e := range entries {
-		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err != nil {
-			continue
-		}
-		args := strings.Split(string(cmdline), "\x00")
-		if strings.HasSuffix(args[0], "kube-apiserver") && strings.Contains(string(cmdline), cluster.Env.ControlPlane.APIServer.CertDir) {
-			var pid int
-			for _, c := range e.Name() {
-				pid = pid*10 + int(c-'0')
-			}
-			return pid
-		}
+	pid, err := clustertest.ProcessOf("kube-apiserver", cluster.Env.ControlPlane.APIServer.CertDir)
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Fatal("no kube-apiserver process of this cluster")
-	return 0
+	return pid
 }
 
 // After a SIGKILL of the API server nothing is removed, including by a pass

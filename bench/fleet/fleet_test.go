@@ -545,21 +545,13 @@ type proc struct {
 
 // procOf finds the cluster's process whose binary is named bin and whose
 // command line names dir (the API server's certificate folder, etcd's data
-// folder), as integration/proof_test.go's apiServerPID does.
+// folder).
 func procOf(b *testing.B, bin, dir string) proc {
-	entries, _ := os.ReadDir("/proc")
-	for _, e := range entries {
-		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err != nil {
-			continue
-		}
-		args := strings.Split(string(cmdline), "\x00")
-		if filepath.Base(args[0]) == bin && strings.Contains(string(cmdline), dir) {
-			return proc{b, e.Name()}
-		}
+	pid, err := clustertest.ProcessOf(bin, dir)
+	if err != nil {
+		b.Fatal(err)
 	}
-	b.Fatalf("no %s process of this cluster (%s)", bin, dir)
-	return proc{}
+	return proc{b, strconv.Itoa(pid)}
 }
 
 func (p proc) status(field string) float64 {

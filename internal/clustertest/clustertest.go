@@ -14,6 +14,8 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -214,4 +216,30 @@ func Advertisement(namespace, name, node string) *unstructured.Unstructured {
 			"annotations": map[string]any{"galactic.datum.net/netns.0123456789ab": "/var/run/netns/cni-1"}},
 		"spec": map[string]any{"routerRef": map[string]any{"name": node}, "addressFamily": "ipv4", "prefixes": []any{"10.0.0.0/24"}},
 	}}
+}
+
+// ProcessOf finds the PID of a process of a cluster: the one whose binary
+// is named bin (kube-apiserver, etcd) and whose command line names dir (the
+// API server's certificate folder, etcd's data folder), which tells two
+// clusters on one machine apart. Tests kill it or read its /proc figures.
+func ProcessOf(bin, dir string) (int, error) {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0, fmt.Errorf("find %s: %w", bin, err)
+	}
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(string(cmdline), "\x00")
+		if filepath.Base(args[0]) == bin && strings.Contains(string(cmdline), dir) {
+			return pid, nil
+		}
+	}
+	return 0, fmt.Errorf("no %s process names %s", bin, dir)
 }
