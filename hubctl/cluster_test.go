@@ -120,19 +120,27 @@ func (s *standIn) step(ctx context.Context) error {
 			return err
 		}
 	}
-	// Recount from a fresh list: the one above may predate a claim the
-	// quota admitted meanwhile, and writing its length would let the quota
-	// admit one claim too many.
-	fresh, err := claims.List(ctx, metav1.ListOptions{})
+	return s.recount(ctx, func() (int, error) {
+		fresh, err := claims.List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return 0, err
+		}
+		return len(fresh.Items), nil
+	})
+}
+
+// recount writes the number of claims count finds as the quota's usage.
+// The quota is read first and written with that read's resourceVersion:
+// a claim the quota admits after the read raises its usage and changes its
+// version, so a count that may predate that claim fails with a conflict
+// instead of lowering the usage and letting one claim too many in.
+func (s *standIn) recount(ctx context.Context, count func() (int, error)) error {
+	rqs := s.cs.CoreV1().ResourceQuotas(s.ns)
+	list, err := rqs.List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return err
 	}
-	return s.recount(ctx, len(fresh.Items))
-}
-
-func (s *standIn) recount(ctx context.Context, used int) error {
-	rqs := s.cs.CoreV1().ResourceQuotas(s.ns)
-	list, err := rqs.List(ctx, metav1.ListOptions{})
+	used, err := count()
 	if err != nil {
 		return err
 	}
@@ -211,7 +219,7 @@ func newHubWith(t testing.TB, quota int, addressService bool) *hub {
 	t.Cleanup(cancel)
 	if addressService {
 		go s.run(ctx, t)
-	} else if err := s.recount(ctx, 0); err != nil {
+	} else if err := s.recount(ctx, func() (int, error) { return 0, nil }); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "the quota's status", func() bool {
