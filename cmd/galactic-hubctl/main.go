@@ -175,8 +175,7 @@ func runEnv(ctx context.Context, args, environ []string, stdout, stderr io.Write
 		bounded := metricsserve.Limit(l, "metrics", log)
 		reg.MustRegister(bounded.Collectors("metrics")...)
 		srv := metricsserve.NewServer(metricsserve.Handler(reg, nil, ready), log)
-		l = bounded
-		go func() { _ = srv.Serve(l) }()
+		go func() { _ = srv.Serve(bounded) }()
 		defer func() { _ = srv.Close() }()
 		log.Info("serving metrics and health", "address", l.Addr().String())
 	}

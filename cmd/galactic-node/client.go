@@ -316,10 +316,14 @@ func printPass(stdout, stderr io.Writer, body []byte, output string) int {
 			return code
 		}
 	} else {
+		reason := "-"
+		if rep.Reason != "" {
+			reason = strconv.Quote(rep.Reason) // the daemon's words, escaped
+		}
 		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "RESULT\tDRY RUN\tCANDIDATES\tCONFIRMED\tRECLAIMED\tWOULD RECLAIM\tFAILED\tROLLED OVER\tREASON")
 		fmt.Fprintf(tw, "%s\t%t\t%d\t%d\t%d\t%d\t%d\t%d\t%s\n", rep.Result, rep.DryRun, len(rep.Candidates), len(rep.Confirmed),
-			len(rep.Reclaimed), len(rep.WouldReclaim), len(rep.Failed), rep.RolledOver, dashed(strconv.Quote(rep.Reason)))
+			len(rep.Reclaimed), len(rep.WouldReclaim), len(rep.Failed), rep.RolledOver, reason)
 		_ = tw.Flush()
 		for _, t := range rep.Reclaimed {
 			fmt.Fprintf(stdout, "reclaimed %s (ifindex %d)\n", t.Name, t.Ifindex)
@@ -335,11 +339,4 @@ func printPass(stdout, stderr io.Writer, body []byte, output string) int {
 		return exitNotDone
 	}
 	return exitOK
-}
-
-func dashed(s string) string {
-	if s == `""` {
-		return "-"
-	}
-	return s
 }
