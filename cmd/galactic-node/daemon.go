@@ -261,11 +261,18 @@ func runDaemon(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 			return err
 		}
 	}
+	// The kernel probe decides whether a tap is free; without the tun
+	// device every removal fails at stage probe, which the failures metric
+	// and its alert show, while the maps the CNI plugin needs stay served.
+	if err := holder.CanProbe(); err != nil {
+		log.Error("no tap can be reclaimed: the kernel probe cannot open the tun device (mount the host's /dev/net/tun)", "error", err)
+	}
 	holders := holder.Proc{Root: "/proc"}
 	if ok, why := holders.Scan(ctx).Complete(); !ok {
-		log.Warn("single-queue taps will never be reclaimed: the holder scan cannot see every process", "why", why)
+		log.Info("the holder scan cannot see every process: HOLDERS may miss some; removals do not depend on it", "why", why)
 	}
-	rcfg := reclaim.Config{DryRun: f.dryRun, MaxReclaimsPerPass: f.maxReclaims, MinCandidateAge: f.minCandidateAge, ProveTimeout: f.proofTimeout, Holders: holders}
+	rcfg := reclaim.Config{DryRun: f.dryRun, MaxReclaimsPerPass: f.maxReclaims, MinCandidateAge: f.minCandidateAge, ProveTimeout: f.proofTimeout,
+		Prober: holder.Prober{Links: conn}}
 	reclaimer := reclaim.New(conn, inv, reclaimRegistry(registry, log), locks, metrics, log, rcfg)
 	ag := &nodeview.Views{Links: conn, Inventory: inv, Reclaimer: reclaimer, Registry: registry, Datapath: dp, Holders: holders, MaxInventoryAge: f.inventoryMaxAge}
 	if err := reg.Register(ag.MapCollector()); err != nil {

@@ -74,11 +74,13 @@ func (p *Plugin) open(conf NetConf, withProgram bool) (*env, error) {
 	return &env{conn: conn, dp: dp, reg: attachreg.New(dp, nil, p.Log), locks: locks, taps: tap.NewManager(nil, conn, p.Log)}, nil
 }
 
-// remover is the one teardown over this namespace's parts; it scans the
-// host's processes to prove single-queue taps free.
+// remover is the one teardown over this namespace's parts; the kernel
+// probe proves single-queue taps free.
 func (e *env) remover(log *slog.Logger) *teardown.Remover {
-	return &teardown.Remover{Links: e.conn, Registry: e.reg, Locks: e.locks, Holders: holder.Proc{Root: "/proc"}, LockTimeout: lockTimeout, Log: log}
+	return &teardown.Remover{Links: e.conn, Registry: e.reg, Locks: e.locks, Prober: e.prober(), LockTimeout: lockTimeout, Log: log}
 }
+
+func (e *env) prober() holder.Prober { return holder.Prober{Links: e.conn} }
 
 func (e *env) close() {
 	e.conn.Close()
@@ -141,7 +143,7 @@ func (p *Plugin) add(inv *invocation, e *env) error {
 	if l, err := e.conn.GetByName(ctx, inv.identity.TapName()); err == nil && l.Alias != "" && l.Alias != inv.containerID {
 		// A container whose DEL never ran stamped this tap for the same
 		// identity: it is ours to take over unless something holds it.
-		if err := p.mayTakeOver(ctx, l, inv); err != nil {
+		if err := p.mayTakeOver(ctx, e, l); err != nil {
 			return err
 		}
 		cfg.Replaces = l.Alias
@@ -308,20 +310,29 @@ func (p *Plugin) ownTaps(ctx context.Context, e *env, inv *invocation) ([]link.T
 }
 
 // mayTakeOver allows ADD to take over l, which another container stamped
-// for the same identity, only when nothing holds it; otherwise the error
-// names what holds it.
-func (p *Plugin) mayTakeOver(ctx context.Context, l link.Link, inv *invocation) error {
+// for the same identity, only when nothing holds it: the kernel's
+// attributes and, when they call it free, its answer to an attach (released
+// at once). Otherwise the error names what holds it, as far as a scan of
+// the host's processes sees.
+func (p *Plugin) mayTakeOver(ctx context.Context, e *env, l link.Link) error {
 	t, ok := l.AsTap()
 	if !ok {
 		return fmt.Errorf("%s is kind %q: %w", l.Name, l.Kind, tap.ErrNotATap)
 	}
-	judge := holder.NewJudge(holder.Proc{Root: "/proc"})
-	held, why := judge.Held(ctx, t)
+	held, why := holder.Held(t)
 	if !held {
-		return nil
+		c, err := e.prober().Claim(ctx, t)
+		if err == nil {
+			c.Release()
+			return nil
+		}
+		if !errors.Is(err, holder.ErrHeld) {
+			return fmt.Errorf("take over %s: %w", l.Name, err)
+		}
+		why = err.Error()
 	}
 	msg := fmt.Sprintf("%s is stamped by container %s and held (%s)", l.Name, l.Alias, why)
-	if hs := judge.Holders(ctx, l.Name); len(hs) > 0 {
+	if hs := (holder.Proc{Root: "/proc"}).Scan(ctx).Holders(l.Name); len(hs) > 0 {
 		pids := make([]string, len(hs))
 		for i, h := range hs {
 			pids[i] = fmt.Sprintf("pid %d (%s)", h.PID, h.Command)

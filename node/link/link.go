@@ -117,19 +117,3 @@ func (t Tap) Owner() string { return t.Alias }
 // Stamped reports whether the tap carries an owner stamp. An unstamped tap
 // cannot be attributed to a sandbox and must never be removed.
 func (t Tap) Stamped() bool { return t.Owner() != "" }
-
-// Held reports whether the kernel's report alone leaves the tap possibly
-// held: on a multiqueue tap, attached plus disabled queues above zero (or
-// carrier on); a single-queue tap reports no counts and its carrier can be
-// forced off while a process holds it, so it always reads held here (package
-// holder proves one free by scanning processes). Administrative state never
-// counts. Whenever the kernel's answer is missing or did not decode, Held
-// says true: a tap is presumed in use until the kernel shows otherwise.
-func (t Tap) Held() bool {
-	tun := t.Tun
-	if tun == nil || tun.Err() != nil || t.Carrier == nil || !tun.MultiQueue {
-		return true
-	}
-	attached, disabled, ok := tun.QueueCounts()
-	return !ok || attached+disabled > 0 || *t.Carrier
-}

@@ -27,61 +27,6 @@ func readTap(t *testing.T, c *link.Conn, name string) link.Tap {
 	return link.Tap{}
 }
 
-// TestHeldFollowsTheKernelTable walks a tap through every state of the
-// docs/kernel.md table, single-queue and multiqueue, and checks Held() in each.
-func TestHeldFollowsTheKernelTable(t *testing.T) {
-	for _, tc := range []struct {
-		name string
-		mode tun.Mode
-	}{{"multiqueue", tun.Mode{}}, {"single-queue", tun.Mode{SingleQueue: true}}} {
-		t.Run(tc.name, func(t *testing.T) {
-			ns := nettest.NewNS(t)
-			c := ns.Dial(t)
-			name := identity.Identity{VPC: 62, Attachment: 65}.TapName()
-			nettest.NewTap(t, ns, name, tc.mode)
-
-			check := func(state string, want bool) {
-				t.Helper()
-				tap := readTap(t, c, name)
-				// A single-queue tap reports no queue counts: the kernel
-				// alone never proves one free (package holder scans).
-				want = want || tc.mode.SingleQueue
-				if got := tap.Held(); got != want {
-					t.Errorf("%s: Held() = %v, want %v (tun %+v, carrier %v)", state, got, want, tap.Tun, *tap.Carrier)
-				}
-			}
-			check("persistent, no fd open", false)
-			ns.IP(t, "link", "set", name, "up")
-			check("no fd, administratively up", false)
-
-			h := nettest.Hold(t, ns, name, nettest.HoldOptions{Mode: tc.mode})
-			check("one fd held by another process", true)
-			ns.IP(t, "link", "set", name, "down")
-			check("held, administratively down", true)
-			h.Release()
-			check("fd closed again", false)
-
-			if tc.mode.SingleQueue {
-				return
-			}
-			h = nettest.Hold(t, ns, name, nettest.HoldOptions{Queues: 2})
-			check("two fds attached", true)
-			h.Release()
-			h = nettest.Hold(t, ns, name, nettest.HoldOptions{Queues: 2, Detached: 1})
-			check("one of two queues detached, fds open", true)
-			h.Release()
-			h = nettest.Hold(t, ns, name, nettest.HoldOptions{Queues: 1, Detached: 1})
-			tap := readTap(t, c, name)
-			if a, d, ok := tap.Tun.QueueCounts(); !ok || a != 0 || d != 1 {
-				t.Errorf("only a detached queue open: counts %d/%d ok=%v, want 0/1", a, d, ok)
-			}
-			check("only a detached queue open", true)
-			h.Release()
-			check("fd closed again after detach", false)
-		})
-	}
-}
-
 func TestTapViewDecodesStampMasterAndTun(t *testing.T) {
 	ns := nettest.NewNS(t)
 	c := ns.Dial(t)

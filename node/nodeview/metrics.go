@@ -1,6 +1,8 @@
 package nodeview
 
 import (
+	"context"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/datum-cloud/galactic-node/ebpf/datapath"
@@ -15,11 +17,13 @@ type mapCollector struct {
 	views            *Views
 	entries, maxRows *prometheus.Desc
 	overflow         *prometheus.Desc
+	holderScan       *prometheus.Desc
 }
 
 // MapCollector returns a collector of galactic_ebpf_map_entries{map},
-// galactic_ebpf_map_max_entries{map} and
-// galactic_ebpf_decisions_overflow_total.
+// galactic_ebpf_map_max_entries{map},
+// galactic_ebpf_decisions_overflow_total and
+// galactic_cni_holder_scan_complete (from a scan at most 30 s old).
 func (v *Views) MapCollector() prometheus.Collector {
 	return &mapCollector{
 		views:   v,
@@ -27,6 +31,8 @@ func (v *Views) MapCollector() prometheus.Collector {
 		maxRows: prometheus.NewDesc("galactic_ebpf_map_max_entries", "Capacity of each pinned eBPF map of the datapath.", []string{"map"}, nil),
 		overflow: prometheus.NewDesc("galactic_ebpf_decisions_overflow_total",
 			"Frames judged but counted against no tenant because the decisions map was full (unattributed, reason decisions_full).", nil, nil),
+		holderScan: prometheus.NewDesc("galactic_cni_holder_scan_complete",
+			"1 when the /proc scan that names tap holders saw every process, 0 when it may miss some (see /v1/status holderScan.reason). Removals never depend on it.", nil, nil),
 	}
 }
 
@@ -34,6 +40,7 @@ func (c *mapCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.entries
 	ch <- c.maxRows
 	ch <- c.overflow
+	ch <- c.holderScan
 }
 
 func (c *mapCollector) Collect(ch chan<- prometheus.Metric) {
@@ -47,6 +54,11 @@ func (c *mapCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(c.entries, prometheus.GaugeValue, float64(len(rows)), l.Name)
 	}
+	complete := 0.0
+	if c.views.HolderScan(context.Background()).Complete {
+		complete = 1
+	}
+	ch <- prometheus.MustNewConstMetric(c.holderScan, prometheus.GaugeValue, complete)
 	// The count lives in the pinned map, so it survives daemon restarts
 	// and only grows: a counter.
 	if n, err := c.views.Datapath.Unattributed.Get(datapath.ReasonDecisionsFull); err != nil {

@@ -1,4 +1,4 @@
-// Package agent assembles the node's parts (links, inventory, reclaim, eBPF
+// Package nodeview assembles the node's parts (links, inventory, reclaim, eBPF
 // registry) into the views an operator asks for: every tenant tap with who
 // holds it and who claims it, the pending candidates, pass reports, and eBPF
 // rows. The admin API serves these views; this package knows nothing of HTTP.
@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/datum-cloud/galactic-node/ebpf/datapath"
@@ -36,10 +37,32 @@ type Views struct {
 	// (an inventory.Prover) may go unproven before Ready says so. 0: no
 	// bound.
 	MaxInventoryAge time.Duration
-	// Holders names the processes holding each tap and proves single-queue
-	// taps free; nil shows no holders and every single-queue tap as held.
-	// Seeing a VMM's descriptors needs the host PID namespace.
+	// Holders names the processes holding each tap, for operators; no
+	// removal depends on it. nil names none. Seeing every VMM's
+	// descriptors needs the host PID namespace, CAP_SYS_PTRACE and
+	// CAP_DAC_READ_SEARCH; Status says when a scan misses processes.
 	Holders holder.Scanner
+
+	scanMu   sync.Mutex
+	lastScan holder.Scan
+	scanned  time.Time
+}
+
+// scanMaxAge is how long Status and the metrics reuse a holder scan: a
+// scrape or status flood must not turn into a /proc walk each.
+const scanMaxAge = 30 * time.Second
+
+// scan returns a scan of the host's processes no older than maxAge.
+func (v *Views) scan(ctx context.Context, maxAge time.Duration) holder.Scan {
+	if v.Holders == nil {
+		return holder.NewScan(nil, "no holder scan configured")
+	}
+	v.scanMu.Lock()
+	defer v.scanMu.Unlock()
+	if v.scanned.IsZero() || time.Since(v.scanned) > maxAge {
+		v.lastScan, v.scanned = v.Holders.Scan(ctx), time.Now()
+	}
+	return v.lastScan
 }
 
 // TapState is what protects a tap, or how far the reclaim has got with it.
@@ -88,18 +111,20 @@ func (v *Views) Taps(ctx context.Context) ([]TapView, error) {
 	for _, p := range v.Reclaimer.Pending() {
 		pending[p.Tap.Ifindex] = p
 	}
-	var scan holder.Scan
-	if v.Holders != nil {
-		scan = v.Holders.Scan(ctx)
-	}
-	judge := holder.NewJudge(scanned{scan})
+	scan := v.scan(ctx, 0)
 	views := []TapView{}
 	for _, t := range link.TenantTaps(links) {
-		held, why := judge.Held(ctx, t)
+		held, why := holder.Held(t)
+		holders := scan.Holders(t.Name)
+		if !held && len(holders) > 0 {
+			// A single-queue tap whose carrier was forced off: the scan
+			// saw its VMM. The reclaim would find it held at its probe.
+			held, why = true, fmt.Sprintf("pid %d (%s) holds it (holder scan)", holders[0].PID, holders[0].Command)
+		}
 		view := TapView{
 			Name: t.Name, Ifindex: t.Index, Identity: t.Identity, VPC: t.Identity.VPC.Base62(), Attachment: t.Identity.Attachment.Base62(),
 			Owner: t.Owner(), Master: names[t.Master], MasterKind: t.MasterKind, Held: held, HeldWhy: why,
-			Holders: scan.Holders(t.Name), CarriedBy: snap.Carriers(t.Identity),
+			Holders: holders, CarriedBy: snap.Carriers(t.Identity),
 		}
 		if view.CarriedBy == nil {
 			view.CarriedBy = []inventory.ObjectRef{}
@@ -139,11 +164,6 @@ func tapState(t link.Tap, held, live bool, pending *reclaim.Pending) TapState {
 		return StateStale
 	}
 }
-
-// scanned serves one scan already taken, so that a view scans processes once.
-type scanned struct{ scan holder.Scan }
-
-func (s scanned) Scan(context.Context) holder.Scan { return s.scan }
 
 // Pending returns the candidates awaiting confirmation, oldest first.
 func (v *Views) Pending() []reclaim.Pending {
@@ -193,6 +213,26 @@ type Status struct {
 	// current; zero for a file inventory.
 	InventoryProvenAt time.Time `json:"inventoryProvenAt,omitzero"`
 	Maps              []MapFill `json:"maps"`
+	// HolderScan says whether the scan that names holders saw every
+	// process. No removal depends on it.
+	HolderScan HolderScanStatus `json:"holderScan"`
+}
+
+// HolderScanStatus is the last holder scan's reach.
+type HolderScanStatus struct {
+	Complete bool `json:"complete"`
+	// Reason is why the scan may miss holders, when it is not complete.
+	Reason string    `json:"reason,omitempty"`
+	At     time.Time `json:"at,omitzero"`
+}
+
+// HolderScan reports the reach of a recent holder scan.
+func (v *Views) HolderScan(ctx context.Context) HolderScanStatus {
+	scan := v.scan(ctx, scanMaxAge)
+	ok, why := scan.Complete()
+	v.scanMu.Lock()
+	defer v.scanMu.Unlock()
+	return HolderScanStatus{Complete: ok, Reason: why, At: v.scanned}
 }
 
 // PassSummary is a pass report's head.
@@ -229,6 +269,7 @@ func (v *Views) Status(ctx context.Context) Status {
 	if p, ok := v.Inventory.(inventory.Prover); ok {
 		st.InventoryProvenAt = p.ProvenAt()
 	}
+	st.HolderScan = v.HolderScan(ctx)
 	if v.Datapath != nil {
 		for _, t := range v.Datapath.Tables() {
 			l := t.Layout()

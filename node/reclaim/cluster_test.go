@@ -158,8 +158,8 @@ func reclaimWith(s *scene, links reclaim.Links, cfg reclaim.Config) *reclaim.Rec
 	if cfg.LockTimeout == 0 {
 		cfg.LockTimeout = 300 * time.Millisecond
 	}
-	if cfg.Holders == nil {
-		cfg.Holders = holder.Proc{Root: "/proc"}
+	if cfg.Prober == nil {
+		cfg.Prober = holder.Prober{NS: s.ns.File, Links: links}
 	}
 	return reclaim.New(links, s.inv, s.reg, s.locks, s.metrics, nil, cfg)
 }

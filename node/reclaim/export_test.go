@@ -6,7 +6,7 @@ import (
 	"github.com/datum-cloud/galactic-node/node/inventory"
 	"github.com/datum-cloud/galactic-node/node/link"
 	"github.com/datum-cloud/galactic-node/node/link/driver"
-	"github.com/datum-cloud/galactic-node/node/tun/holder"
+	"github.com/datum-cloud/galactic-node/node/teardown"
 )
 
 // BreakHeldCheck, BreakCarriedCheck and BreakRemoval are the deliberately
@@ -25,10 +25,10 @@ func (r *Reclaimer) useLinks(links Links) {
 	r.remover.Links = links
 }
 
-// useHolders replaces the holder scan the reclaimer and its remover use.
-func (r *Reclaimer) useHolders(holders holder.Scanner) {
-	r.cfg.Holders = holders
-	r.remover.Holders = holders
+// useProber replaces the kernel probe the reclaimer's remover uses.
+func (r *Reclaimer) useProber(p teardown.Prober) {
+	r.cfg.Prober = p
+	r.remover.Prober = p
 }
 
 // useRegistry replaces the registry the reclaimer and its remover use.

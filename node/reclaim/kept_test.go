@@ -3,9 +3,13 @@ package reclaim_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/datum-cloud/galactic-node/internal/nettest"
 	"github.com/datum-cloud/galactic-node/node/identity"
@@ -13,7 +17,6 @@ import (
 	"github.com/datum-cloud/galactic-node/node/link"
 	"github.com/datum-cloud/galactic-node/node/reclaim"
 	"github.com/datum-cloud/galactic-node/node/tun"
-	"github.com/datum-cloud/galactic-node/node/tun/holder"
 )
 
 // holdAt wraps the real link layer and makes a VMM open one tap at one point
@@ -160,11 +163,12 @@ func TestATapHeldAtAnyCheckKeepsItsRowsAndProgram(t *testing.T) {
 	}
 }
 
-// TestASingleQueueTapIsFreeOnlyWhenAScanOfEveryProcessSaysSo: tun reports no
-// queue counts for a single-queue tap and accepts carrier off while a VMM
-// holds it, so a held one with carrier forced off must stay; a free one
-// goes only when the holder scan is complete.
-func TestASingleQueueTapIsFreeOnlyWhenAScanOfEveryProcessSaysSo(t *testing.T) {
+// TestTheKernelProbeDecidesASingleQueueTap: tun reports no queue counts for
+// a single-queue tap and accepts carrier off while a VMM holds it, so only
+// the kernel's answer to an attach tells a held one from a free one. A held
+// one with carrier forced off stays with its rows; a free one goes; with no
+// probe, every single-queue tap stays.
+func TestTheKernelProbeDecidesASingleQueueTap(t *testing.T) {
 	live := identity.Identity{VPC: 62, Attachment: 1}
 	static := &inventory.Static{Synced: true, Objects: []inventory.Object{
 		inventory.AttachmentObject("tenant-a", "live", live.VPC.Base62(), live.Attachment.Base62()),
@@ -177,20 +181,92 @@ func TestASingleQueueTapIsFreeOnlyWhenAScanOfEveryProcessSaysSo(t *testing.T) {
 	if l, err := s.conn.Get(context.Background(), held.Index); err != nil || l.Carrier == nil || *l.Carrier {
 		t.Fatalf("scene: carrier of the held tap %v (%v), want off", l.Carrier, err)
 	}
+	before := s.rowsJSON(held.Index)
 
-	// A scan that cannot see every process proves nothing.
-	blind := reclaim.New(s.links, s.inv, s.reg, s.locks, nil, nil, reclaim.Config{Holders: holder.Proc{Root: t.TempDir()}})
+	blind := reclaim.New(s.links, s.inv, s.reg, s.locks, nil, nil, reclaim.Config{})
 	for range 3 {
-		if rep := blind.Pass(context.Background(), reclaim.PassOptions{}); len(rep.Candidates) != 0 {
-			t.Fatalf("an incomplete scan made candidates: %+v", rep.Candidates)
+		rep := blind.Pass(context.Background(), reclaim.PassOptions{})
+		if !s.exists(held) || !s.exists(free) || len(rep.Reclaimed) != 0 {
+			t.Fatalf("a reclaimer with no kernel probe removed a single-queue tap: %+v", rep)
 		}
 	}
 	s.pass()
 	rep := s.pass()
-	if !s.exists(held) {
-		t.Fatalf("the held single-queue tap with carrier off was removed: %+v", rep)
+	if !s.exists(held) || s.rowsJSON(held.Index) != before {
+		t.Fatalf("the held single-queue tap with carrier off was removed or lost rows: %+v", rep)
 	}
-	if s.exists(free) || len(rep.Reclaimed) != 1 || rep.Reclaimed[0].Name != free.Name {
+	if len(rep.Kept) != 1 || !strings.Contains(rep.Kept[0].Why, "EBUSY") {
+		t.Fatalf("the report does not say the kernel refused the probe: %+v", rep.Kept)
+	}
+	if s.exists(free) || len(rep.Reclaimed) != 1 || rep.Reclaimed[0].Name != free.Name || s.rowsOf(free.Index) != 0 {
 		t.Fatalf("the free single-queue tap: %+v", rep)
+	}
+}
+
+// attachBeforeDelete is a VMM that opens each target by name just before
+// the delete request: a test seam, since the window between the last check
+// and the delete cannot be timed from outside.
+type attachBeforeDelete struct {
+	*faultLinks
+	ns    *nettest.NS
+	names []string
+	mu    sync.Mutex
+	tried map[string]error
+}
+
+func (a *attachBeforeDelete) attach() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, name := range a.names {
+		f, err := tun.Open(a.ns.File, name, tun.Mode{SingleQueue: true})
+		if err == nil {
+			f.Close()
+		}
+		a.tried[name] = err
+	}
+}
+
+func (a *attachBeforeDelete) DeleteVerified(ctx context.Context, want link.Expect) error {
+	a.attach()
+	return a.faultLinks.DeleteVerified(ctx, want)
+}
+
+func (a *attachBeforeDelete) DeleteGroup(ctx context.Context, group uint32) error {
+	a.attach()
+	return a.faultLinks.DeleteGroup(ctx, group)
+}
+
+// TestAVMMCannotAttachBetweenTheProbeAndTheDelete: the probe's file stays
+// attached to a single-queue tap until its link is gone, so a VMM's
+// TUNSETIFF in that window fails with EBUSY, alone or in a batch.
+func TestAVMMCannotAttachBetweenTheProbeAndTheDelete(t *testing.T) {
+	for _, batch := range []int{1, 3} {
+		t.Run(fmt.Sprintf("batch %d", batch), func(t *testing.T) {
+			live := identity.Identity{VPC: 62, Attachment: 1}
+			s := newScene(t, nil, &inventory.Static{Synced: true, Objects: []inventory.Object{
+				inventory.AttachmentObject("tenant-a", "live", live.VPC.Base62(), live.Attachment.Base62()),
+			}})
+			vmm := &attachBeforeDelete{faultLinks: s.links, ns: s.ns, tried: map[string]error{}}
+			var taps []link.Tap
+			for i := range batch {
+				tp := s.addTapMode(staleID(i), fmt.Sprintf("sandbox-%d", i), true)
+				taps = append(taps, tp)
+				vmm.names = append(vmm.names, tp.Name)
+			}
+			s.r = reclaimOver(s, vmm)
+			s.pass()
+			rep := s.pass()
+			if len(rep.Reclaimed) != batch {
+				t.Fatalf("pass 2 reclaimed %d of %d: %+v", len(rep.Reclaimed), batch, rep)
+			}
+			for _, tp := range taps {
+				if err := vmm.tried[tp.Name]; !errors.Is(err, unix.EBUSY) {
+					t.Fatalf("a VMM's TUNSETIFF on %s just before the delete: %v, want EBUSY", tp.Name, err)
+				}
+				if s.exists(tp) {
+					t.Fatalf("%s was not removed", tp.Name)
+				}
+			}
+		})
 	}
 }

@@ -63,9 +63,10 @@ type Config struct {
 	// removal, that the inventory is as new as the API server (for a
 	// source that is an inventory.Prover). Default 10 s.
 	ProveTimeout time.Duration
-	// Holders proves single-queue taps free (holder.Proc); nil keeps every
-	// single-queue tap as held.
-	Holders holder.Scanner
+	// Prober claims each confirmed tap before its delete (holder.Prober):
+	// the kernel's answer to an attach is what proves a single-queue tap
+	// free. nil keeps every single-queue tap.
+	Prober teardown.Prober
 }
 
 // Reclaimer runs passes, one at a time.
@@ -127,7 +128,7 @@ func New(links Links, inv inventory.Source, reg Registry, locks Locker, obs Obse
 	if cfg.ProveTimeout <= 0 {
 		cfg.ProveTimeout = 10 * time.Second
 	}
-	remover := &teardown.Remover{Links: links, Registry: reg, Locks: locks, Holders: cfg.Holders, LockTimeout: cfg.LockTimeout, Log: log}
+	remover := &teardown.Remover{Links: links, Registry: reg, Locks: locks, Prober: cfg.Prober, LockTimeout: cfg.LockTimeout, Log: log}
 	return &Reclaimer{links: links, inv: inv, reg: reg, locks: locks, obs: obs, log: log, cfg: cfg, remover: remover}
 }
 
@@ -293,17 +294,13 @@ func (r *Reclaimer) pass(ctx context.Context, opts PassOptions) Report {
 	r.mu.Unlock()
 	next := make(map[uint32]candidate)
 	var confirmed []candidate
-	judge := holder.NewJudge(r.cfg.Holders)
 	for _, t := range stamped {
 		if snap.Carried(t.Identity) {
 			continue
 		}
-		if held, why := judge.Held(ctx, t); held {
-			if t.Tun != nil && !t.Tun.MultiQueue {
-				// Kept for want of proof, which an operator can act on
-				// (holder-lookup); held multiqueue taps are simply in use.
-				rep.HeldSingleQueue = append(rep.HeldSingleQueue, Kept{Tap: teardown.RefOf(t), Why: why})
-			}
+		// Marking reads the kernel's attributes only; a single-queue tap
+		// with carrier off is probed, by attaching, only once confirmed.
+		if held, _ := holder.Held(t); held {
 			continue
 		}
 		c := candidate{TapRef: teardown.RefOf(t), firstSeen: now, passes: 1}
@@ -314,9 +311,12 @@ func (r *Reclaimer) pass(ctx context.Context, opts PassOptions) Report {
 			}
 		}
 		next[t.Index] = c
+		why := "nothing holds it and no VPCAttachment or BGPAdvertisement carries " + t.Identity.String()
+		if !t.Tun.MultiQueue {
+			why = "single-queue with carrier off (an attach probe proves it free before removal) and no VPCAttachment or BGPAdvertisement carries " + t.Identity.String()
+		}
 		rep.Candidates = append(rep.Candidates, CandidateReport{
-			Tap: c.TapRef, FirstSeen: c.firstSeen, EligibleAt: r.eligibleAt(c), Passes: c.passes,
-			Why: "nothing holds it and no VPCAttachment or BGPAdvertisement carries " + t.Identity.String(),
+			Tap: c.TapRef, FirstSeen: c.firstSeen, EligibleAt: r.eligibleAt(c), Passes: c.passes, Why: why,
 		})
 	}
 	for _, c := range rep.Candidates {

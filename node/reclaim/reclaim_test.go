@@ -2,6 +2,7 @@ package reclaim
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -243,15 +244,26 @@ func TestACandidateIsConfirmedOnlyOnceOldEnough(t *testing.T) {
 	}
 }
 
-// fakeScanner stands in for a scan of /proc, for unit tests of the holder
-// rule; the privileged tests scan the real one.
-type fakeScanner struct{ scan holder.Scan }
+// fakeProber stands in for the kernel's answer to an attach, for unit tests
+// of the rule above the link layer (the fake links have no tun device); the
+// privileged tests probe real taps.
+type fakeProber struct {
+	err    error
+	probed int
+}
 
-func (f fakeScanner) Scan(context.Context) holder.Scan { return f.scan }
+func (f *fakeProber) Claim(context.Context, link.Tap) (*holder.Claim, error) {
+	f.probed++
+	if f.err != nil {
+		return nil, f.err
+	}
+	return &holder.Claim{}, nil
+}
 
-// Guards the single-queue rule: carrier off proves nothing without a
-// complete holder scan, and the pass report says why such a tap is kept.
-func TestASingleQueueTapNeedsACompleteScan(t *testing.T) {
+// Guards the single-queue rule: carrier off makes a single-queue tap a
+// candidate, but only the kernel's answer to an attach, asked at removal
+// and never by a pass that only marks, lets it go.
+func TestASingleQueueTapGoesOnlyOnTheKernelProbesWord(t *testing.T) {
 	h := newHarness(liveInventory(), Config{})
 	idx := h.links.addTap(stale, "sandbox-2", 0, 0)
 	h.links.update(idx, func(l *link.Link) {
@@ -259,24 +271,34 @@ func TestASingleQueueTapNeedsACompleteScan(t *testing.T) {
 	})
 	for range 3 {
 		rep := h.pass(t)
-		if len(rep.Candidates) != 0 || len(rep.HeldSingleQueue) != 1 || !strings.Contains(rep.HeldSingleQueue[0].Why, "no holder scan") {
-			t.Fatalf("a single-queue tap without a scan: %+v", rep)
+		if !h.links.has(idx) || len(rep.Kept) > 0 && !strings.Contains(rep.Kept[0].Why, "no kernel probe") {
+			t.Fatalf("a single-queue tap with no probe: %+v", rep)
 		}
 	}
-	h.r.useHolders(fakeScanner{holder.NewScan(map[string][]holder.Holder{stale.TapName(): {{PID: 42}}}, "")})
-	for range 3 {
-		if rep := h.pass(t); len(rep.Candidates) != 0 || !strings.Contains(rep.HeldSingleQueue[0].Why, "pid 42") {
-			t.Fatalf("a single-queue tap the scan sees held: %+v", rep)
-		}
+	held := &fakeProber{err: fmt.Errorf("probe: EBUSY: %w", holder.ErrHeld)}
+	h.r.useProber(held)
+	if rep := h.pass(t); len(rep.Candidates) != 1 || held.probed != 1 || len(rep.Kept) != 1 || !strings.Contains(rep.Kept[0].Why, "held at probe") {
+		t.Fatalf("a single-queue tap the probe finds held: %+v", rep)
 	}
-	h.r.useHolders(fakeScanner{holder.NewScan(nil, "not in the initial PID namespace")})
-	if rep := h.pass(t); len(rep.Candidates) != 0 {
-		t.Fatalf("a single-queue tap with an incomplete scan: %+v", rep)
+	free := &fakeProber{}
+	h.r.useProber(free)
+	if rep := h.pass(t); h.links.has(idx) || len(rep.Reclaimed) != 1 || free.probed != 1 {
+		t.Fatalf("a single-queue tap the probe finds free: %+v", rep)
 	}
-	h.r.useHolders(fakeScanner{holder.NewScan(nil, "")})
+}
+
+// Guards the probe's place: a pass that only marks, and a dry run, never
+// attach to a tap, since an attach briefly owns it.
+func TestOnlyARemovingPassProbes(t *testing.T) {
+	p := &fakeProber{}
+	h := newHarness(liveInventory(), Config{Prober: p})
+	h.links.addTap(stale, "sandbox-2", 0, 0)
 	h.pass(t)
-	if rep := h.pass(t); h.links.has(idx) || len(rep.Reclaimed) != 1 {
-		t.Fatalf("a single-queue tap a complete scan proves free: %+v", rep)
+	if p.probed != 0 {
+		t.Fatalf("the marking pass probed %d taps", p.probed)
+	}
+	if rep := h.r.Pass(context.Background(), PassOptions{DryRun: true}); len(rep.WouldReclaim) != 1 || p.probed != 0 {
+		t.Fatalf("a dry run probed %d taps: %+v", p.probed, rep)
 	}
 }
 

@@ -16,11 +16,6 @@ type Report struct {
 	Reason string `json:"reason,omitempty"`
 	Inputs Inputs `json:"inputs"`
 
-	// HeldSingleQueue lists the stamped single-queue taps no object carries
-	// that were kept as held, and why: only a complete holder scan proves
-	// one free.
-	HeldSingleQueue []Kept `json:"heldSingleQueue,omitempty"`
-
 	Candidates   []CandidateReport `json:"candidates"`
 	Confirmed    []TapRef          `json:"confirmed"`
 	WouldReclaim []TapRef          `json:"wouldReclaim,omitempty"`
@@ -62,7 +57,8 @@ type CandidateReport struct {
 	Why        string    `json:"why"`
 }
 
-// Kept is a confirmed tap the recheck kept, and why.
+// Kept is a confirmed tap a check before its delete kept (the link read
+// again, the inventory recheck, the kernel probe), and why.
 type Kept = teardown.Kept
 
 // Failure is a confirmed tap whose removal failed at a stage; it is kept and

@@ -4,7 +4,10 @@
 // The rules a caller must know: every target is removed under its VPC's VRF
 // lock, only after its link was read again with the same ifindex, name and
 // owner stamp, found not held (unless the caller is the owner's own DEL),
-// and passed the caller's recheck. The link goes before its eBPF rows: a tap
+// passed the caller's recheck, and was claimed by the kernel probe
+// (holder.Prober): the probe's file stays attached until the link is gone,
+// so no VMM attaches to a single-queue tap between the last check and the
+// delete. The link goes before its eBPF rows: a tap
 // is never left existing without its rows and program, so a tap kept at any
 // check, or whose delete failed, keeps exactly what it had. A crash between
 // the link and its rows leaves rows keyed by an ifindex that no longer
@@ -57,6 +60,7 @@ type Stage string
 const (
 	StageLock   Stage = "lock"   // the VRF lock could not be taken in time
 	StageVerify Stage = "verify" // the link could not be read again
+	StageProbe  Stage = "probe"  // the kernel could not be asked whether a file holds the tap
 	StageRows   Stage = "rows"   // the link is gone but its rows could not all be cleared
 	StageLink   Stage = "link"   // the link could not be grouped or deleted
 )
@@ -115,15 +119,21 @@ type Rechecker interface {
 	KeepWhy(t TapRef) string
 }
 
+// Prober proves a tap free by attaching to it; holder.Prober implements it.
+type Prober interface {
+	Claim(ctx context.Context, t link.Tap) (*holder.Claim, error)
+}
+
 // Options modify one Remove.
 type Options struct {
 	// Recheck, if set, is the caller's last word on each target.
 	Recheck Rechecker
 	// DryRun reports what would be removed and changes nothing.
 	DryRun bool
-	// RemoveHeld removes a tap even while a process holds it. Only the
-	// owner's own CNI DEL sets it: the runtime has ended the attachment,
-	// and refusing would leave a tap no other path may take.
+	// RemoveHeld removes a tap even while a process holds it, without
+	// probing it. Only the owner's own CNI DEL sets it: the runtime has
+	// ended the attachment, and refusing would leave a tap no other path
+	// may take.
 	RemoveHeld bool
 	// Dump is a recent link dump, used to choose a free link group; nil
 	// chooses at random (a collision is caught before any delete).
@@ -135,9 +145,10 @@ type Remover struct {
 	Links    Links
 	Registry Registry
 	Locks    Locker
-	// Holders proves single-queue taps free; nil keeps every single-queue
-	// tap as held.
-	Holders holder.Scanner
+	// Prober claims each tap before its delete; nil keeps every
+	// single-queue tap (nothing else proves one free) and removes
+	// multiqueue taps on their queue counts alone.
+	Prober Prober
 	// LockTimeout bounds the wait for the VRF locks. Default 10 s.
 	LockTimeout time.Duration
 	Log         *slog.Logger
@@ -146,16 +157,18 @@ type Remover struct {
 // Remove removes every target that passes every check, and reports each.
 func (rm *Remover) Remove(ctx context.Context, targets []TapRef, opts Options) Outcome {
 	var out Outcome
-	o := &run{rm: rm, log: rm.log(), opts: opts, out: &out}
+	o := &run{rm: rm, log: rm.log(), opts: opts, out: &out, read: map[uint32]link.Tap{}, claims: map[uint32]*holder.Claim{}}
 	unlock := o.lock(ctx, targets)
 	defer unlock()
+	// Claims are released once their links are gone (or kept), before
+	// the locks: a VMM may attach again only to a tap that stays.
+	defer o.release()
 	if len(o.locked) == 0 {
 		return out
 	}
-	judge := holder.NewJudge(rm.Holders)
 	var verified []TapRef
 	for _, t := range o.locked {
-		if why, err := o.recheckLink(ctx, judge, t); err != nil {
+		if why, err := o.recheckLink(ctx, t); err != nil {
 			o.fail(t, StageVerify, err)
 		} else if why != "" {
 			o.keep(t, why)
@@ -183,6 +196,9 @@ func (rm *Remover) Remove(ctx context.Context, targets []TapRef, opts Options) O
 		} else {
 			batch = append(batch, t)
 		}
+	}
+	if !opts.RemoveHeld {
+		batch = o.claim(ctx, batch)
 	}
 	var deleted []TapRef
 	switch len(batch) {
@@ -212,6 +228,51 @@ type run struct {
 	opts   Options
 	out    *Outcome
 	locked []TapRef
+	// read is each target's tap as read again under the lock, what the
+	// probe attaches to; claims are the probe's attachments, by ifindex.
+	read   map[uint32]link.Tap
+	claims map[uint32]*holder.Claim
+}
+
+// claim probes each target: the kernel says whether another file holds
+// it, and a target it calls free stays claimed until Remove returns. A
+// target the probe could not ask about fails at StageProbe and is kept.
+func (o *run) claim(ctx context.Context, batch []TapRef) []TapRef {
+	var claimed []TapRef
+	for _, t := range batch {
+		tap := o.read[t.Ifindex]
+		if o.rm.Prober == nil {
+			if tap.Tun == nil || !tap.Tun.MultiQueue {
+				o.keep(t, "single-queue tap and no kernel probe: only an attach proves it free")
+				continue
+			}
+			claimed = append(claimed, t)
+			continue
+		}
+		c, err := o.rm.Prober.Claim(ctx, tap)
+		switch {
+		case errors.Is(err, holder.ErrHeld):
+			o.keep(t, "held at probe: "+err.Error())
+		case errors.Is(err, link.ErrLinkGone):
+			o.keep(t, "gone before delete")
+		case errors.Is(err, link.ErrLinkChanged):
+			o.keep(t, "changed before delete: "+err.Error())
+		case err != nil:
+			o.fail(t, StageProbe, err)
+		default:
+			o.claims[t.Ifindex] = c
+			claimed = append(claimed, t)
+		}
+	}
+	return claimed
+}
+
+// release detaches every claim: after their links are gone, or from taps
+// kept after the probe, which are left as they were.
+func (o *run) release() {
+	for _, c := range o.claims {
+		c.Release()
+	}
 }
 
 // lock takes the VRF locks of the targets' VPCs in VPC order, so that two
@@ -245,7 +306,7 @@ func (o *run) lock(ctx context.Context, targets []TapRef) func() {
 
 // recheckLink reads the link again: it returns why the tap must be kept, or
 // an error when the read itself failed.
-func (o *run) recheckLink(ctx context.Context, judge *holder.Judge, t TapRef) (string, error) {
+func (o *run) recheckLink(ctx context.Context, t TapRef) (string, error) {
 	l, err := o.rm.Links.Verify(ctx, t.Expect())
 	switch {
 	case errors.Is(err, link.ErrLinkGone):
@@ -255,17 +316,24 @@ func (o *run) recheckLink(ctx context.Context, judge *holder.Judge, t TapRef) (s
 	case err != nil:
 		return "", err
 	}
-	return o.keepHeld(ctx, judge, l, "at recheck"), nil
+	if tap, ok := l.AsTap(); ok {
+		o.read[t.Ifindex] = tap
+	}
+	return o.keepHeld(l, "at recheck"), nil
 }
 
 // keepHeld says why l must be kept at the given point: not a tenant tap any
-// more, or held (unless the owner's DEL removes held taps).
-func (o *run) keepHeld(ctx context.Context, judge *holder.Judge, l link.Link, when string) string {
+// more, or held (unless the owner's DEL removes held taps). A claimed tap
+// is held when a file besides the claim's holds it.
+func (o *run) keepHeld(l link.Link, when string) string {
 	tap, ok := l.AsTap()
 	if !ok {
 		return "no longer reads as a tenant tap " + when
 	}
-	held, why := judge.Held(ctx, tap)
+	held, why := holder.Held(tap)
+	if c := o.claims[l.Index]; c != nil {
+		held, why = c.HeldByOthers(l)
+	}
 	if !held {
 		return ""
 	}
@@ -290,7 +358,7 @@ func (o *run) deleteOne(ctx context.Context, t TapRef) []TapRef {
 		o.fail(t, StageLink, err)
 		return nil
 	default:
-		why = o.keepHeld(ctx, holder.NewJudge(o.rm.Holders), l, "before delete")
+		why = o.keepHeld(l, "before delete")
 	}
 	if why != "" {
 		o.keep(t, why)
@@ -343,7 +411,6 @@ func (o *run) deleteGroup(ctx context.Context, batch []TapRef) []TapRef {
 	for _, t := range grouped {
 		ours[t.Ifindex] = t
 	}
-	judge := holder.NewJudge(o.rm.Holders)
 	for _, l := range links {
 		if l.Group != group {
 			continue
@@ -361,7 +428,7 @@ func (o *run) deleteGroup(ctx context.Context, batch []TapRef) []TapRef {
 		if l.Name != t.Name || l.Alias != t.Owner {
 			why = fmt.Sprintf("changed while grouped for delete: now %s stamped %q", l.Name, l.Alias)
 		} else {
-			why = o.keepHeld(ctx, judge, l, "while grouped for delete")
+			why = o.keepHeld(l, "while grouped for delete")
 		}
 		if why != "" {
 			ungroup(t)

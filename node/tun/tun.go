@@ -23,10 +23,21 @@ type Mode struct {
 	// SingleQueue opens a classic single-queue tap. The default, multiqueue,
 	// lets the kernel report queue counts, which is how holders are detected.
 	SingleQueue bool
+	// PacketInfo and VnetHdr are the tap's header features. The plugin
+	// makes taps with neither; a probe attaching to an existing tap passes
+	// what the tap has, because the first queue's TUNSETIFF rewrites them.
+	PacketInfo bool
+	VnetHdr    bool
 }
 
 func (m Mode) flags() uint16 {
-	f := uint16(unix.IFF_TAP | unix.IFF_NO_PI)
+	f := uint16(unix.IFF_TAP)
+	if !m.PacketInfo {
+		f |= unix.IFF_NO_PI
+	}
+	if m.VnetHdr {
+		f |= unix.IFF_VNET_HDR
+	}
 	if !m.SingleQueue {
 		f |= unix.IFF_MULTI_QUEUE
 	}
@@ -36,7 +47,9 @@ func (m Mode) flags() uint16 {
 // Open attaches a new queue to the tap called name in namespace ns (nil: the
 // caller's), creating the tap if it does not exist. The returned file holds
 // the queue until it is closed. Opening an existing tap with a different
-// queue mode fails with EINVAL.
+// queue mode fails with EINVAL; opening a single-queue tap that a file
+// already holds fails with EBUSY (drivers/net/tun.c, tun_attach), whichever
+// process or socket holds that file.
 func Open(ns *os.File, name string, mode Mode) (*os.File, error) {
 	var f *os.File
 	err := netns.Do(ns, func() error {
@@ -106,4 +119,14 @@ func setQueue(f *os.File, flag uint16) error {
 		return fmt.Errorf("TUNSETQUEUE %s: %w", f.Name(), err)
 	}
 	return nil
+}
+
+// CanOpen reports whether the clone device opens, without attaching to or
+// creating any tap.
+func CanOpen() error {
+	fd, err := unix.Open(cloneDevice, unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", cloneDevice, err)
+	}
+	return unix.Close(fd)
 }
