@@ -16,6 +16,7 @@ run() { # run PKG REGEX BENCHTIME
 	go test -run='^$' -bench="$2" -benchtime="$3" -timeout 60m "$1" | tee -a "$raw" >&2
 }
 run ./node/link 'Dump1000Taps$' 10x
+run ./node/tun/holder 'ProbeWindow' 200x
 run ./ebpf/datapath 'Dump16384Rows' 10x
 run ./ebpf/datapath 'TapIngress' 200x
 run ./node/attachreg 'OrphanScan16384Rows' 10x
