@@ -424,6 +424,8 @@ func TestTheNodeImageRunsAsTheDaemonSetRunsIt(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// The host's tun device, through which the daemon probes taps.
+	hostPaths["dev-net-tun"] = "/dev/net/tun"
 	// The admin socket's folder must be private to its owner (root).
 	if err := os.Chmod(hostPaths["run-galactic"], 0o755); err != nil {
 		t.Fatal(err)
@@ -470,6 +472,13 @@ func TestTheNodeImageRunsAsTheDaemonSetRunsIt(t *testing.T) {
 	n.stampedTap(stale, "sandbox-2", tun.Mode{})
 	n.stampedTap(held, "sandbox-3", tun.Mode{})
 	nettest.Hold(t, n.ns, held, nettest.HoldOptions{})
+	// Single-queue ones, carrier forced off: only the kernel probe, through
+	// the host's tun device mounted into the container, tells them apart.
+	const staleSQ, heldSQ = "G00000000a004H", "G00000000a005H"
+	n.stampedTap(staleSQ, "sandbox-4", tun.Mode{SingleQueue: true})
+	n.stampedTap(heldSQ, "sandbox-5", tun.Mode{SingleQueue: true})
+	nettest.HoldInFlight(t, n.ns, heldSQ, tun.Mode{SingleQueue: true})
+	n.ns.IP(t, "link", "set", heldSQ, "carrier", "off")
 
 	// The daemon.
 	scene.containerN = "galactic-test-node-" + n.ns.Name
@@ -493,18 +502,18 @@ func TestTheNodeImageRunsAsTheDaemonSetRunsIt(t *testing.T) {
 		t.Fatalf("first pass: %+v; a pass must only mark (stale present %v)", first, n.exists(stale))
 	}
 	second := n.force("")
-	if len(second.Reclaimed) != 1 || second.Reclaimed[0].Name != stale {
-		t.Fatalf("second pass reclaimed %+v, want %s", second.Reclaimed, stale)
+	if len(second.Reclaimed) != 2 || second.Reclaimed[0].Name != stale || second.Reclaimed[1].Name != staleSQ {
+		t.Fatalf("second pass reclaimed %+v, want %s and %s\n%s", second.Reclaimed, stale, staleSQ, daemon.log.String())
 	}
-	if n.exists(stale) || !n.exists(held) {
-		t.Fatalf("after two passes: stale present %v, held present %v", n.exists(stale), n.exists(held))
+	if n.exists(stale) || n.exists(staleSQ) || !n.exists(held) || !n.exists(heldSQ) {
+		t.Fatalf("after two passes: stale present %v %v, held present %v %v", n.exists(stale), n.exists(staleSQ), n.exists(held), n.exists(heldSQ))
 	}
 
 	code, body := get(t, client, metricsURL+"/metrics")
 	if code != http.StatusOK {
 		t.Fatalf("scrape: %d %s", code, body)
 	}
-	for _, want := range []string{"galactic_cni_stale_taps_reclaimed_total 1", "galactic_cni_stale_taps_pending 0", "galactic_ebpf_map_max_entries{"} {
+	for _, want := range []string{"galactic_cni_stale_taps_reclaimed_total 2", "galactic_cni_stale_taps_pending 1", "galactic_ebpf_map_max_entries{"} {
 		if !strings.Contains(body, want) {
 			t.Errorf("the scrape lacks %q", want)
 		}

@@ -329,11 +329,8 @@ func TestConventionNodeLogsJSONDurationsAsTextAndBuildInfo(t *testing.T) {
 	n := newNode(t)
 	d, log := n.start("--inventory-file", n.writeInventory(), "--log-format", "json", "--interval", "1m")
 	n.waitReady(log)
-	out, err := exec.Command("ip", "netns", "exec", n.ns.Name, "curl", "-sS", "127.0.0.1:9180/metrics").Output()
-	if err != nil {
-		t.Fatal(err)
-	}
-	buildInfoLine(t, "galactic-node", string(out))
+	out := n.metrics()
+	buildInfoLine(t, "galactic-node", out)
 	_ = d.Process.Signal(syscall.SIGTERM)
 	_ = d.Wait()
 	started := false

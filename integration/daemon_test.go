@@ -71,11 +71,18 @@ type node struct {
 	tokens  string
 	daemons []*exec.Cmd
 	bin     string // the daemon start runs; empty: binary
+	// wrap runs before the daemon inside the namespace (setpriv, say):
+	// how the daemon's capabilities or mounts differ from the test's.
+	wrap []string
 }
 
 func newNode(t *testing.T) *node {
-	n := &node{t: t, ns: nettest.NewNS(t), dir: t.TempDir()}
-	n.bpffs = nettest.BPFFS(t)
+	return newNodeOn(t, nettest.NewNS(t), nettest.BPFFS(t))
+}
+
+// newNodeOn is a node whose daemon runs in ns over the bpffs at bpffs.
+func newNodeOn(t *testing.T, ns *nettest.NS, bpffs string) *node {
+	n := &node{t: t, ns: ns, dir: t.TempDir(), bpffs: bpffs}
 	n.socket = filepath.Join(n.dir, "admin.sock")
 	n.tokens = filepath.Join(n.dir, "tokens")
 	if err := os.WriteFile(n.tokens, []byte("admin "+adminToken+"\nread "+readToken+"\n"), 0o600); err != nil {
@@ -110,9 +117,10 @@ func (n *node) startFor(tb testing.TB, extra ...string) (*exec.Cmd, *bytes.Buffe
 	if n.bin != "" {
 		bin = n.bin
 	}
-	args := append([]string{"netns", "exec", n.ns.Name, bin, "run", "--node-name", "node-a", "--interval", "0",
+	args := append([]string{"netns", "exec", n.ns.Name}, n.wrap...)
+	args = append(append(args, bin, "run", "--node-name", "node-a", "--interval", "0",
 		"--admin-socket", n.socket, "--admin-token-file", n.tokens, "--metrics-listen", "127.0.0.1:9180", "--log-format", "text",
-		"--min-candidate-age", "0"}, n.common()...) // a test passes its own age after this to override it
+		"--min-candidate-age", "0"), n.common()...) // a test passes its own age after this to override it
 	cmd := exec.Command("ip", append(args, extra...)...)
 	var log bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &log, &log
@@ -198,6 +206,16 @@ func (n *node) waitReadyFor(tb testing.TB, log *bytes.Buffer) {
 		_ = d.Wait()
 	}
 	tb.Fatalf("the daemon never became ready (last answer %q):\n%s", last, log)
+}
+
+// metrics scrapes the daemon's metrics listener in the namespace.
+func (n *node) metrics() string {
+	n.t.Helper()
+	out, err := exec.Command("ip", "netns", "exec", n.ns.Name, "curl", "-sS", "127.0.0.1:9180/metrics").Output()
+	if err != nil {
+		n.t.Fatalf("scrape metrics: %v", err)
+	}
+	return string(out)
 }
 
 func (n *node) ifindex(name string) string {

@@ -2,7 +2,6 @@ package integration
 
 import (
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -67,17 +66,14 @@ func TestRowsOfATapDeletedBehindTheNodesBackAreCollected(t *testing.T) {
 	if rows, pinned := n.pinnedRows(live); len(rows) != len(liveRows) || !pinned {
 		t.Fatalf("the live tap's rows: %v pinned %v, want %v", rows, pinned, liveRows)
 	}
-	out, err := exec.Command("ip", "netns", "exec", n.ns.Name, "curl", "-sS", "127.0.0.1:9180/metrics").Output()
-	if err != nil {
-		t.Fatal(err)
-	}
+	out := n.metrics()
 	for _, want := range []string{
 		`galactic_cni_orphan_ebpf_rows_removed_total{map="ifindex_vrf"} 1`,
 		`galactic_cni_orphan_ebpf_rows_removed_total{map="tcx_link"} 1`,
 		`galactic_ebpf_map_max_entries{map="ifindex_vrf"} 65536`,
 		`galactic_ebpf_map_entries{map="ifindex_vrf"} 1`,
 	} {
-		if !strings.Contains(string(out), want) {
+		if !strings.Contains(out, want) {
 			t.Errorf("metrics lack %s", want)
 		}
 	}

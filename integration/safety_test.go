@@ -187,11 +187,8 @@ func TestAMalformedObjectStopsEveryRemoval(t *testing.T) {
 	if !n.exists("G00000000a003H") {
 		t.Fatal("the tap was removed")
 	}
-	out, err := exec.Command("ip", "netns", "exec", n.ns.Name, "curl", "-sS", "127.0.0.1:9180/metrics").Output()
-	if err != nil {
-		t.Fatalf("metrics: %v", err)
-	}
-	if want := `galactic_cni_inventory_malformed_objects{kind="VPCAttachment",name="broken",namespace="t"} 1`; !strings.Contains(string(out), want) {
+	out := n.metrics()
+	if want := `galactic_cni_inventory_malformed_objects{kind="VPCAttachment",name="broken",namespace="t"} 1`; !strings.Contains(out, want) {
 		t.Fatalf("metrics lack %s:\n%s", want, out)
 	}
 }

@@ -24,8 +24,8 @@ const initPIDNamespaceInode = 0xEFFFFFFC
 var tunDevice = unix.Mkdev(10, 200)
 
 // Scan reads every process. The scan is complete only when Root is the
-// procfs of the initial PID namespace, mounted without hidepid (or read
-// with CAP_SYS_PTRACE, which hidepid does not hide from), the scanner holds
+// procfs of the initial PID namespace, mounted without a hidepid that hides
+// from this scanner, the scanner holds
 // the capabilities that open every process's descriptors, and every one
 // could be read: a process or descriptor that goes away meanwhile (ENOENT,
 // ESRCH) is fine; any other error is not.
