@@ -22,9 +22,9 @@
 // QEMU always runs under TCG (-accel tcg), never KVM: the machines these
 // tests run on may expose /dev/kvm as a nested PVM in which `-cpu host`
 // aborts, and a test that passed only where KVM works would prove nothing
-// elsewhere. TCG is slow (the guest takes 10 to 45 s to boot, more under
-// load), so every wait here is generous and bounded, and nothing asserts on
-// time.
+// elsewhere. TCG is slow (the guest is done about 10 s after QEMU starts on
+// an idle machine, and can take 45 s under load), so every wait here is
+// generous and bounded, and nothing asserts on time.
 package vmtest
 
 import (
