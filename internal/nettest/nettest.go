@@ -11,6 +11,7 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -140,6 +141,17 @@ type HoldOptions struct {
 // child holds the tap. The child is killed when t ends or on Release.
 func Hold(t testing.TB, ns *NS, name string, opts HoldOptions) *Holder {
 	t.Helper()
+	h, err := TryHold(t, ns, name, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+// TryHold is Hold for a VMM that may fail to open its tap, as one does when
+// the kernel refuses the attach (EBUSY on a single-queue tap that a file
+// already holds): the error wraps the kernel's, and nothing is left held.
+func TryHold(t testing.TB, ns *NS, name string, opts HoldOptions) (*Holder, error) {
 	queues := max(opts.Queues, 1)
 	files := make([]*os.File, 0, queues)
 	defer func() {
@@ -150,23 +162,23 @@ func Hold(t testing.TB, ns *NS, name string, opts HoldOptions) *Holder {
 	for i := range queues {
 		f, err := tun.Open(ns.File, name, opts.Mode)
 		if err != nil {
-			t.Fatalf("attach queue %d of %s: %v", i, name, err)
+			return nil, fmt.Errorf("attach queue %d of %s: %w", i, name, err)
 		}
 		files = append(files, f)
 	}
 	for i := range opts.Detached {
 		if err := tun.DetachQueue(files[i]); err != nil {
-			t.Fatalf("detach queue %d of %s: %v", i, name, err)
+			return nil, fmt.Errorf("detach queue %d of %s: %w", i, name, err)
 		}
 	}
 	cmd := exec.Command("sleep", "3600")
 	cmd.ExtraFiles = files
 	if err := cmd.Start(); err != nil {
-		t.Fatalf("start holder of %s: %v", name, err)
+		return nil, fmt.Errorf("start holder of %s: %w", name, err)
 	}
 	h := &Holder{cmd: cmd}
 	t.Cleanup(h.Release)
-	return h
+	return h, nil
 }
 
 // PID is the holder's process ID.

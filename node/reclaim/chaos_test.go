@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/datum-cloud/galactic-node/internal/chaostest"
 	"github.com/datum-cloud/galactic-node/internal/clustertest"
 	"github.com/datum-cloud/galactic-node/internal/nettest"
@@ -69,7 +71,16 @@ func nodeChaos(t *testing.T, seed uint64, ops int, breakIt func(*reclaim.Reclaim
 	mid := &midBatchLinks{faultLinks: s.links, onGrouped: func(index uint32) {
 		for _, m := range taps {
 			if m.tap.Index == index && m.holder == nil && rng.IntN(8) == 0 {
-				m.holder = nettest.Hold(t, s.ns, m.tap.Name, nettest.HoldOptions{Mode: tun.Mode{SingleQueue: m.singleQueue}})
+				// A single-queue tap is claimed by the removal's probe
+				// by now: the kernel refuses the VMM (EBUSY), which
+				// then holds nothing, as a real one would fail to start.
+				h, err := nettest.TryHold(t, s.ns, m.tap.Name, nettest.HoldOptions{Mode: tun.Mode{SingleQueue: m.singleQueue}})
+				switch {
+				case err == nil:
+					m.holder = h
+				case !m.singleQueue || !errors.Is(err, unix.EBUSY):
+					t.Fatal(err)
+				}
 			}
 		}
 	}}

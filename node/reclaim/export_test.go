@@ -7,6 +7,7 @@ import (
 	"github.com/datum-cloud/galactic-node/node/link"
 	"github.com/datum-cloud/galactic-node/node/link/driver"
 	"github.com/datum-cloud/galactic-node/node/teardown"
+	"github.com/datum-cloud/galactic-node/node/tun/holder"
 )
 
 // BreakHeldCheck, BreakCarriedCheck and BreakRemoval are the deliberately
@@ -15,6 +16,14 @@ import (
 // inputs, so the product carries no switch for them.
 func (r *Reclaimer) BreakHeldCheck() {
 	r.useLinks(unheldLinks{inner: r.links})
+	r.useProber(blindProber{})
+}
+
+// blindProber claims every tap without asking the kernel: the probe off.
+type blindProber struct{}
+
+func (blindProber) Claim(context.Context, link.Tap) (*holder.Claim, error) {
+	return &holder.Claim{}, nil
 }
 func (r *Reclaimer) BreakCarriedCheck() { r.inv = uncarriedInventory{r.inv} }
 func (r *Reclaimer) BreakRemoval()      { r.cfg.DryRun = true }
