@@ -12,6 +12,7 @@ type Stage = teardown.Stage
 const (
 	StageLock   = teardown.StageLock
 	StageVerify = teardown.StageVerify
+	StageProbe  = teardown.StageProbe
 	StageRows   = teardown.StageRows
 	StageLink   = teardown.StageLink
 )

@@ -76,7 +76,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "Seconds between periodic reclaim passes (--interval); 0 when passes run only when forced.",
 		}),
 	}
-	for _, s := range []reclaim.Stage{reclaim.StageLock, reclaim.StageVerify, reclaim.StageRows, reclaim.StageLink} {
+	for _, s := range []reclaim.Stage{reclaim.StageLock, reclaim.StageVerify, reclaim.StageProbe, reclaim.StageRows, reclaim.StageLink} {
 		m.failures.WithLabelValues(string(s))
 	}
 	for _, r := range []reclaim.Result{reclaim.ResultCompleted, reclaim.ResultSkipped, reclaim.ResultFailed} {
