@@ -174,6 +174,11 @@ func WriteStatus(w io.Writer, st Status, now time.Time) {
 	} else {
 		line("inventory", "a file: never proven against a cluster")
 	}
+	if st.HolderScan.Complete {
+		line("holder names", "every process read")
+	} else {
+		line("holder names", "may miss holders ("+st.HolderScan.Reason+"); removals do not depend on them")
+	}
 	for _, m := range st.Maps {
 		fill := "unreadable"
 		switch {
