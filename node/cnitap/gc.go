@@ -34,7 +34,7 @@ func (p *Plugin) gc(inv *invocation, e *env) error {
 	for _, a := range inv.conf.ValidAttachments {
 		valid[attachment{a.ContainerID, a.IfName}] = true
 	}
-	records, err := readRecords(inv.conf.DataDir, inv.conf.Name)
+	records, err := p.readRecords(inv)
 	if err != nil {
 		return err
 	}

@@ -154,13 +154,15 @@ func (p *Plugin) add(inv *invocation, e *env) error {
 	}
 	if err := e.reg.RegisterInterface(ctx, res.Tap.Index, inv.reg); err != nil {
 		if !res.Adopted {
-			if derr := e.taps.Delete(ctx, inv.identity, inv.containerID); derr != nil {
-				err = errors.Join(err, fmt.Errorf("undo: %w", derr))
-			}
+			err = errors.Join(err, p.undo(ctx, e, inv, res.Tap.Index))
 		}
 		return err
 	}
 	if err := writeRecord(inv.conf.DataDir, inv.conf.Name, record{Tap: res.Tap.Name, ContainerID: inv.containerID, IfName: inv.ifName}); err != nil {
+		// Without its record no GC would ever find the tap: undo.
+		if !res.Adopted {
+			err = errors.Join(err, p.undo(ctx, e, inv, res.Tap.Index))
+		}
 		return err
 	}
 	if cfg.Replaces != "" {
@@ -173,6 +175,20 @@ func (p *Plugin) add(inv *invocation, e *env) error {
 		Interfaces: []*current.Interface{{Name: res.Tap.Name, Mac: res.Tap.Address.String()}},
 	}
 	return types.PrintResult(result, inv.conf.CNIVersion)
+}
+
+// undo removes what a failed ADD made: the tap it created, then any rows
+// it registered, in the teardown's order (link first, so no tap is left
+// without its rows). It never touches an adopted tap; callers check.
+func (p *Plugin) undo(ctx context.Context, e *env, inv *invocation, ifindex uint32) error {
+	if err := e.taps.Delete(ctx, inv.identity, inv.containerID); err != nil {
+		return fmt.Errorf("undo: %w", err)
+	}
+	if err := e.reg.UnregisterInterface(ctx, ifindex); err != nil {
+		return fmt.Errorf("undo: tap deleted, rows left for the orphan collection: %w", err)
+	}
+	p.Log.Info("ADD failed and removed the tap it made, with its rows", "container", inv.containerID, "tap", inv.identity.TapName(), "ifindex", ifindex)
+	return nil
 }
 
 // Del deletes the tap and then clears its rows, through the one teardown
@@ -228,8 +244,11 @@ func (p *Plugin) clearGone(ctx context.Context, e *env, inv *invocation) error {
 			gone = append(gone, teardown.Gone{Ifindex: r.Ifindex, Identity: r.Identity})
 		}
 	}
+	// A record left behind (a read-only or full folder) names a tap that
+	// is gone: GC drops it later, and failing here would leave the runtime
+	// unable to ever remove the sandbox.
 	if err := removeRecord(inv.conf.DataDir, inv.conf.Name, inv.identity.TapName()); err != nil && !errors.Is(err, errConfig) {
-		return err
+		p.Log.Warn("DEL left the record of a tap already gone", "container", inv.containerID, "tap", inv.identity.TapName(), "error", err)
 	}
 	if len(gone) == 0 {
 		return nil
@@ -242,6 +261,17 @@ func (p *Plugin) clearGone(ctx context.Context, e *env, inv *invocation) error {
 		return types.NewError(types.ErrInternal, "DEL could not clear the rows of a gone tap", err.Error())
 	}
 	return nil
+}
+
+// readRecords reads the network's records and logs, with their count, the
+// ones it had to move aside: they name no attachment, so GC and DEL carry
+// on without them, and the daemon's reclaim still sees their taps.
+func (p *Plugin) readRecords(inv *invocation) ([]record, error) {
+	records, unreadable, err := readRecords(inv.conf.DataDir, inv.conf.Name)
+	if len(unreadable) > 0 {
+		p.Log.Warn("records that do not parse were moved aside", "network", inv.conf.Name, "count", len(unreadable), "records", unreadable)
+	}
+	return records, err
 }
 
 // failures is the CNI error for the targets a teardown could not finish,
@@ -287,7 +317,7 @@ func (p *Plugin) ownTaps(ctx context.Context, e *env, inv *invocation) ([]link.T
 	// This network's records say which taps the attachment (container,
 	// interface) added; a tap another network recorded is never this DEL's.
 	// Taps made before records existed are found by their stamp alone.
-	records, err := readRecords(inv.conf.DataDir, inv.conf.Name)
+	records, err := p.readRecords(inv)
 	if err != nil {
 		return nil, err
 	}

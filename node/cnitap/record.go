@@ -32,7 +32,9 @@ func networkDir(dataDir, network string) (string, error) {
 	return filepath.Join(dataDir, network), nil
 }
 
-// writeRecord writes r atomically: a reader sees the old record or the new.
+// writeRecord writes r atomically and durably: a reader sees the old record
+// or the new, also after a crash, since the file is synced before the
+// rename and the folder after it.
 func writeRecord(dataDir, network string, r record) error {
 	dir, err := networkDir(dataDir, network)
 	if err != nil {
@@ -54,53 +56,100 @@ func writeRecord(dataDir, network string, r record) error {
 		tmp.Close()
 		return fmt.Errorf("record tap %s: %w", r.Tap, err)
 	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return fmt.Errorf("record tap %s: %w", r.Tap, err)
+	}
 	if err := tmp.Close(); err != nil {
 		return fmt.Errorf("record tap %s: %w", r.Tap, err)
 	}
 	if err := os.Rename(tmp.Name(), filepath.Join(dir, r.Tap)); err != nil {
 		return fmt.Errorf("record tap %s: %w", r.Tap, err)
 	}
+	if err := syncDir(dir); err != nil {
+		return fmt.Errorf("record tap %s: %w", r.Tap, err)
+	}
 	return nil
 }
 
+// syncDir makes a rename in dir durable.
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+// asidePrefix starts the name a record that cannot be read is moved to:
+// readRecords skips dot files, so it stops blocking GC and DEL, and an
+// operator still finds it.
+const asidePrefix = ".unreadable-"
+
+// moveAside moves the unreadable record name out of the way, and returns
+// where it went.
+func moveAside(dir, name string) (string, error) {
+	to := filepath.Join(dir, asidePrefix+name)
+	if err := os.Rename(filepath.Join(dir, name), to); err != nil {
+		return "", err
+	}
+	return to, syncDir(dir)
+}
+
 // readRecords returns network's records; a network with none has no folder.
-func readRecords(dataDir, network string) ([]record, error) {
+// A record that does not parse (truncated by a crash, garbled by hand) is
+// moved aside and reported in unreadable, so that one bad file never blocks
+// GC or DEL of the whole network; it names no attachment GC could act on.
+func readRecords(dataDir, network string) (records []record, unreadable []string, err error) {
 	dir, err := networkDir(dataDir, network)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	entries, err := os.ReadDir(dir)
 	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
+		return nil, nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("read records of network %s: %w", network, err)
+		return nil, nil, fmt.Errorf("read records of network %s: %w", network, err)
 	}
-	var out []record
 	for _, e := range entries {
 		if strings.HasPrefix(e.Name(), ".") {
 			continue
 		}
 		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
 		if err != nil {
-			return nil, fmt.Errorf("read record %s of network %s: %w", e.Name(), network, err)
+			return nil, nil, fmt.Errorf("read record %s of network %s: %w", e.Name(), network, err)
 		}
 		var r record
 		if err := json.Unmarshal(b, &r); err != nil || r.Tap != e.Name() {
-			return nil, fmt.Errorf("record %s of network %s is malformed", e.Name(), network)
+			what := filepath.Join(dir, e.Name())
+			if to, err := moveAside(dir, e.Name()); err == nil {
+				what += " (moved to " + to + ")"
+			}
+			unreadable = append(unreadable, what)
+			continue
 		}
-		out = append(out, r)
+		records = append(records, r)
 	}
-	return out, nil
+	return records, unreadable, nil
 }
 
-// removeRecord removes the record of tap; a missing one is fine.
+// removeRecord removes the record of tap; a missing one is fine, also on a
+// read-only or full folder, where unlink answers EROFS before it looks.
 func removeRecord(dataDir, network, tap string) error {
 	dir, err := networkDir(dataDir, network)
 	if err != nil {
 		return err
 	}
-	if err := os.Remove(filepath.Join(dir, tap)); err != nil && !errors.Is(err, os.ErrNotExist) {
+	path := filepath.Join(dir, tap)
+	if _, err := os.Lstat(path); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove record of tap %s: %w", tap, err)
+	}
+	if err := syncDir(dir); err != nil {
 		return fmt.Errorf("remove record of tap %s: %w", tap, err)
 	}
 	return nil
