@@ -205,13 +205,28 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 		if len(own) == 0 && inv.hasIdentity {
 			return p.clearGone(ctx, e, inv)
 		}
-		var targets []teardown.TapRef
+		var targets, unstamped []teardown.TapRef
 		for _, t := range own {
-			if t.Owner() != inv.containerID {
+			switch {
+			case t.Owner() == "" && inv.hasIdentity:
+				// Half-made by an ADD killed before its stamp (plugins
+				// before this one persisted first): nothing else would
+				// ever remove it. Removed only if nothing holds it.
+				unstamped = append(unstamped, teardown.RefOf(t))
+			case t.Owner() != inv.containerID:
 				p.Log.Info("DEL leaves a tap another container stamped", "container", inv.containerID, "tap", t.Name, "stamp", t.Owner())
-				continue
+			default:
+				targets = append(targets, teardown.RefOf(t))
 			}
-			targets = append(targets, teardown.RefOf(t))
+		}
+		if len(unstamped) > 0 {
+			out := e.remover(p.Log).Remove(ctx, unstamped, teardown.Options{})
+			for _, t := range out.Removed {
+				p.Log.Info("DEL removed an unstamped tap of its identity that nothing held", "container", inv.containerID, "tap", t.Name, "ifindex", t.Ifindex)
+			}
+			for _, k := range out.Kept {
+				p.Log.Warn("DEL left an unstamped tap of its identity", "container", inv.containerID, "tap", k.Tap.Name, "why", k.Why)
+			}
 		}
 		if len(targets) == 0 {
 			return nil

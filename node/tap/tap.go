@@ -163,7 +163,7 @@ func (m *Manager) openOrAdopt(ctx context.Context, cfg Config) (l link.Link, ado
 	case err == nil:
 		adopted = true
 	case errors.Is(err, link.ErrLinkGone):
-		if err := m.createPersistent(cfg); err != nil {
+		if err := m.createPersistent(ctx, cfg); err != nil {
 			return link.Link{}, false, err
 		}
 		if l, err = m.conn.GetByName(ctx, name); err != nil {
@@ -184,7 +184,13 @@ func (m *Manager) openOrAdopt(ctx context.Context, cfg Config) (l link.Link, ado
 	return l, adopted, nil
 }
 
-func (m *Manager) createPersistent(cfg Config) error {
+// createPersistent creates the tap stamped with its owner, and only then
+// makes it persistent: until TUNSETPERSIST the tap lives only as long as
+// this file, so a plugin killed before it leaves no tap, and one killed
+// after leaves a tap stamped by its container, which that container's DEL
+// retry, GC and the reclaim all recognise. An unstamped persistent tap is
+// one nothing would ever remove.
+func (m *Manager) createPersistent(ctx context.Context, cfg Config) error {
 	f, err := tun.Open(m.ns, cfg.Identity.TapName(), tun.Mode{SingleQueue: cfg.SingleQueue})
 	if err != nil {
 		return err
@@ -198,6 +204,18 @@ func (m *Manager) createPersistent(cfg Config) error {
 	if cfg.GID != nil {
 		if err := tun.SetGroup(f, *cfg.GID); err != nil {
 			return err
+		}
+	}
+	name := cfg.Identity.TapName()
+	l, err := m.conn.GetByName(ctx, name)
+	if err != nil {
+		return fmt.Errorf("read new tap: %w", err)
+	}
+	// Another writer's tap, created between the lookup and TUNSETIFF, is
+	// left as it is: openOrAdopt refuses it by its stamp.
+	if l.Alias == "" {
+		if err := m.conn.Set(ctx, l.Index, link.Change{Alias: &cfg.Owner}); err != nil {
+			return fmt.Errorf("stamp new tap: %w", err)
 		}
 	}
 	return tun.SetPersist(f, true)

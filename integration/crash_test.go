@@ -1,0 +1,138 @@
+package integration
+
+import (
+	"bytes"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/datum-cloud/galactic-node/internal/nettest"
+	"github.com/datum-cloud/galactic-node/node/identity"
+	"github.com/datum-cloud/galactic-node/node/tun"
+)
+
+// addKilledAfter runs the built plugin's ADD as a runtime does and SIGKILLs
+// it after d, as an OOM kill or a node agent would. It reports whether the
+// ADD finished first, successfully.
+func (h *cniHost) addKilledAfter(t *testing.T, container string, conf []byte, d time.Duration) bool {
+	t.Helper()
+	// ip netns exec execs the plugin: the PID killed is the plugin's.
+	cmd := exec.Command("ip", "netns", "exec", h.host.Name, tapPlugin)
+	cmd.Env = []string{"CNI_COMMAND=ADD", "CNI_CONTAINERID=" + container, "CNI_NETNS=/run/netns/" + h.ctr.Name,
+		"CNI_IFNAME=eth0", "CNI_PATH=/opt/cni/bin", "PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
+	cmd.Stdin = bytes.NewReader(conf)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		return err == nil
+	case <-time.After(d):
+		_ = cmd.Process.Kill()
+		return <-done == nil
+	}
+}
+
+// TestAnAddKilledAnywhereLeavesNothingAfterItsDelRetry kills the built
+// plugin's ADD at random points, many times, then does what a runtime does:
+// DEL the sandbox again until it succeeds, and GC with the attachments it
+// still has. The node must end with exactly the taps, rows and records of
+// the ADDs that finished: a tap made persistent before it was stamped is
+// one no DEL, GC or reclaim would ever remove.
+func TestAnAddKilledAnywhereLeavesNothingAfterItsDelRetry(t *testing.T) {
+	h := newCNIHost(t)
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 26))
+	const adds = 120
+	finished := map[string]bool{} // tap name → the ADD finished
+	containers := map[string]string{}
+	for i := range adds {
+		att := identity.Attachment(100 + i).Base62()
+		ctr := fmt.Sprintf("%064d", i)
+		containers[tapName(att)] = ctr
+		d := time.Duration(rng.IntN(40_000)) * time.Microsecond
+		if h.addKilledAfter(t, ctr, h.conf(att, nil), d) {
+			finished[tapName(att)] = true
+			continue
+		}
+		// The runtime's retried DEL of a sandbox whose ADD died.
+		if _, err := h.cni("DEL", ctr, h.conf(att, nil)); err != nil {
+			t.Fatalf("DEL retry after ADD %d was killed after %s: %v", i, d, err)
+		}
+	}
+	var live []string
+	for name := range finished {
+		live = append(live, name)
+	}
+	sort.Strings(live)
+	t.Logf("%d of %d ADDs finished before their kill", len(live), adds)
+
+	// What is on the node: every tenant tap, every registration, every record.
+	var taps []string
+	for _, l := range linksOf(t, h) {
+		if strings.HasPrefix(l, "G00000000a") && strings.HasSuffix(l, "H") {
+			taps = append(taps, l)
+		}
+	}
+	sort.Strings(taps)
+	if strings.Join(taps, " ") != strings.Join(live, " ") {
+		t.Fatalf("taps on the node:\n%v\nwant exactly the finished ADDs':\n%v", taps, live)
+	}
+	if regs := registrations(t, h); len(regs) != len(live) {
+		t.Fatalf("%d interfaces have rows, want %d: %+v", len(regs), len(live), regs)
+	}
+	records, _ := filepath.Glob(filepath.Join(h.dataDir, "galactic", "G*"))
+	if len(records) != len(live) {
+		t.Fatalf("%d records, want %d: %v", len(records), len(live), records)
+	}
+	for _, name := range live {
+		if _, err := os.Stat(filepath.Join(h.dataDir, "galactic", name)); err != nil {
+			t.Fatalf("the finished ADD of %s has no record: %v", name, err)
+		}
+	}
+}
+
+// linksOf lists the names of the host namespace's links.
+func linksOf(t *testing.T, h *cniHost) []string {
+	t.Helper()
+	out, err := exec.Command("ip", "-n", h.host.Name, "-o", "link", "show").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 1 {
+			names = append(names, strings.TrimSuffix(strings.SplitN(f[1], "@", 2)[0], ":"))
+		}
+	}
+	return names
+}
+
+// TestADelRemovesAnUnstampedTapOfItsIdentityOnlyWhenFree: earlier plugins
+// made a tap persistent before stamping it, so an ADD killed in between left
+// an unstamped tap. The DEL retry of that identity removes it when nothing
+// holds it, and keeps it when something does.
+func TestADelRemovesAnUnstampedTapOfItsIdentityOnlyWhenFree(t *testing.T) {
+	h := newCNIHost(t)
+	free, held := tapName("u"), tapName("v")
+	nettest.NewTap(t, h.host, free, tun.Mode{})
+	nettest.NewTap(t, h.host, held, tun.Mode{SingleQueue: true})
+	nettest.HoldInFlight(t, h.host, held, tun.Mode{SingleQueue: true})
+	h.host.IP(t, "link", "set", held, "carrier", "off")
+	h.mustCNI("DEL", ctrA, h.conf("u", nil))
+	h.mustCNI("DEL", ctrA, h.conf("v", nil))
+	if _, ok := h.link(free); ok {
+		t.Fatal("DEL left the unstamped, unheld tap of its identity")
+	}
+	if _, ok := h.link(held); !ok {
+		t.Fatal("DEL removed an unstamped tap that a file holds")
+	}
+}
