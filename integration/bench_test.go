@@ -83,3 +83,55 @@ func procMemMiB(b *testing.B, pid int) (rss, hwm float64) {
 	}
 	return rss, hwm
 }
+
+// unreclaimableSlabKiB reads SUnreclaim from /proc/meminfo: kernel memory
+// no cache shrinker gives back, what a device pins while it exists.
+func unreclaimableSlabKiB(tb testing.TB) float64 {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for line := range strings.Lines(string(b)) {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "SUnreclaim:" {
+			v, _ := strconv.ParseFloat(f[1], 64)
+			return v
+		}
+	}
+	tb.Fatal("no SUnreclaim in /proc/meminfo")
+	return 0
+}
+
+// BenchmarkKernelMemoryPerTap measures the unreclaimable slab each tap the
+// built plugin makes (its default, multiqueue) pins, against its peer in
+// the same run: a veth pair with one end on a bridge, what a pod's
+// bridge+host-local attachment costs. SUnreclaim is machine-wide, so other
+// activity adds noise; 300 of each keeps it small.
+func BenchmarkKernelMemoryPerTap(b *testing.B) {
+	const count = 300
+	for b.Loop() {
+		h := newCNIHost(b)
+		before := unreclaimableSlabKiB(b)
+		for i := range count {
+			h.mustCNI("ADD", fmt.Sprintf("%064d", i), h.conf(identity.Attachment(1000+i).Base62(), nil))
+		}
+		perTap := (unreclaimableSlabKiB(b) - before) / count
+
+		peer := nettest.NewNS(b)
+		peer.IP(b, "link", "add", "br0", "type", "bridge")
+		peer.IP(b, "link", "set", "br0", "up")
+		var batch strings.Builder
+		for i := range count {
+			fmt.Fprintf(&batch, "link add v%d type veth peer name p%d\nlink set v%d master br0 up\nlink set p%d up\n", i, i, i, i)
+		}
+		before = unreclaimableSlabKiB(b)
+		cmd := exec.Command("ip", "-n", peer.Name, "-batch", "-")
+		cmd.Stdin = strings.NewReader(batch.String())
+		if out, err := cmd.CombinedOutput(); err != nil {
+			b.Fatalf("ip -batch: %v: %.200s", err, out)
+		}
+		perVeth := (unreclaimableSlabKiB(b) - before) / count
+		b.ReportMetric(perTap, "KiB/tap")
+		b.ReportMetric(perVeth, "KiB/veth-pair")
+		b.ReportMetric(perTap/perVeth, "tap/veth")
+	}
+}

@@ -217,6 +217,11 @@ func (m *Manager) createPersistent(ctx context.Context, cfg Config) error {
 		if err := m.conn.Set(ctx, l.Index, link.Change{Alias: &cfg.Owner}); err != nil {
 			return fmt.Errorf("stamp new tap: %w", err)
 		}
+		// Before its first up: see link.SetNoQueue for the kernel
+		// memory this saves.
+		if err := m.conn.SetNoQueue(ctx, l.Index); err != nil {
+			return err
+		}
 	}
 	return tun.SetPersist(f, true)
 }
