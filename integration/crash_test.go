@@ -22,9 +22,16 @@ import (
 // ADD finished first, successfully.
 func (h *cniHost) addKilledAfter(t *testing.T, container string, conf []byte, d time.Duration) bool {
 	t.Helper()
+	return h.killedAfter(t, "ADD", container, conf, d)
+}
+
+// killedAfter runs command (ADD, DEL) and SIGKILLs it after d; it reports
+// whether the command finished first, successfully.
+func (h *cniHost) killedAfter(t *testing.T, command, container string, conf []byte, d time.Duration) bool {
+	t.Helper()
 	// ip netns exec execs the plugin: the PID killed is the plugin's.
 	cmd := exec.Command("ip", "netns", "exec", h.host.Name, tapPlugin)
-	cmd.Env = []string{"CNI_COMMAND=ADD", "CNI_CONTAINERID=" + container, "CNI_NETNS=/run/netns/" + h.ctr.Name,
+	cmd.Env = []string{"CNI_COMMAND=" + command, "CNI_CONTAINERID=" + container, "CNI_NETNS=/run/netns/" + h.ctr.Name,
 		"CNI_IFNAME=eth0", "CNI_PATH=/opt/cni/bin", "PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
 	cmd.Stdin = bytes.NewReader(conf)
 	if err := cmd.Start(); err != nil {
@@ -43,8 +50,8 @@ func (h *cniHost) addKilledAfter(t *testing.T, container string, conf []byte, d 
 
 // TestAnAddKilledAnywhereLeavesNothingAfterItsDelRetry kills the built
 // plugin's ADD at random points, many times, then does what a runtime does:
-// DEL the sandbox again until it succeeds, and GC with the attachments it
-// still has. The node must end with exactly the taps, rows and records of
+// DEL the sandbox again until it succeeds; then kills DELs of half the
+// finished ones at random points and retries them. The node must end with exactly the taps, rows and records of
 // the ADDs that finished: a tap made persistent before it was stamped is
 // one no DEL, GC or reclaim would ever remove.
 func TestAnAddKilledAnywhereLeavesNothingAfterItsDelRetry(t *testing.T) {
@@ -66,6 +73,23 @@ func TestAnAddKilledAnywhereLeavesNothingAfterItsDelRetry(t *testing.T) {
 		if _, err := h.cni("DEL", ctr, h.conf(att, nil)); err != nil {
 			t.Fatalf("DEL retry after ADD %d was killed after %s: %v", i, d, err)
 		}
+	}
+	// Half the finished ones are deleted, each DEL killed at a random
+	// point and retried as the runtime does.
+	for name := range finished {
+		if rng.IntN(2) == 0 {
+			continue
+		}
+		id, err := identity.ParseTapName(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conf := h.conf(id.Attachment.Base62(), nil)
+		h.killedAfter(t, "DEL", containers[name], conf, time.Duration(rng.IntN(30_000))*time.Microsecond)
+		if _, err := h.cni("DEL", containers[name], conf); err != nil {
+			t.Fatalf("DEL retry after a killed DEL of %s: %v", name, err)
+		}
+		delete(finished, name)
 	}
 	var live []string
 	for name := range finished {
