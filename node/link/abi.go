@@ -20,6 +20,7 @@ const (
 	rtmGetLink    = 18
 	rtmNewRoute   = 24
 	rtmGetRoute   = 26
+	rtmNewQdisc   = 36
 	rtTableUnspec = 0
 	rtTableMain   = 254
 	rtprotStatic  = 4
@@ -28,6 +29,10 @@ const (
 
 	// include/uapi/linux/if_link.h
 	iflaGroup = 27
+
+	// include/uapi/linux/rtnetlink.h (TCA_*) and pkt_sched.h
+	tcaKind = 1
+	tcHRoot = 0xFFFFFFFF
 
 	// include/linux/socket.h: the address families netlink messages carry
 	afUnspec = 0

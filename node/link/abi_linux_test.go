@@ -29,6 +29,8 @@ func TestABIConstantsMatchUnix(t *testing.T) {
 		{"RT_SCOPE_LINK", rtScopeLink, unix.RT_SCOPE_LINK},
 		{"RTN_UNICAST", rtnUnicast, unix.RTN_UNICAST},
 		{"IFLA_GROUP", iflaGroup, unix.IFLA_GROUP},
+		{"RTM_NEWQDISC", rtmNewQdisc, unix.RTM_NEWQDISC},
+		{"TCA_KIND", tcaKind, unix.TCA_KIND},
 		{"AF_UNSPEC", afUnspec, unix.AF_UNSPEC},
 		{"AF_INET", afInet, unix.AF_INET},
 		{"AF_INET6", afInet6, unix.AF_INET6},

@@ -6,7 +6,6 @@ import (
 	"fmt"
 
 	"github.com/mdlayher/netlink"
-	"golang.org/x/sys/unix"
 )
 
 // SetNoQueue makes noqueue the root qdisc of link index (RTM_NEWQDISC,
@@ -18,21 +17,17 @@ import (
 func (c *Conn) SetNoQueue(ctx context.Context, index uint32) error {
 	// struct tcmsg: family, 3 bytes of padding, ifindex, handle, parent, info.
 	data := make([]byte, 0, 32)
-	data = append(data, unix.AF_UNSPEC, 0, 0, 0)
+	data = append(data, afUnspec, 0, 0, 0)
 	data = binary.NativeEndian.AppendUint32(data, index)
 	data = binary.NativeEndian.AppendUint32(data, 0)
 	data = binary.NativeEndian.AppendUint32(data, tcHRoot)
 	data = binary.NativeEndian.AppendUint32(data, 0)
 	kind := []byte("noqueue\x00")
 	data = binary.NativeEndian.AppendUint16(data, uint16(4+len(kind)))
-	data = binary.NativeEndian.AppendUint16(data, unix.TCA_KIND)
+	data = binary.NativeEndian.AppendUint16(data, tcaKind)
 	data = append(data, kind...)
-	if _, err := c.executeRaw(ctx, unix.RTM_NEWQDISC, netlink.Request|netlink.Acknowledge|netlink.Create|netlink.Replace, data); err != nil {
+	if _, err := c.executeRaw(ctx, rtmNewQdisc, netlink.Request|netlink.Acknowledge|netlink.Create|netlink.Replace, data); err != nil {
 		return fmt.Errorf("set noqueue root qdisc on link %d: %w", index, err)
 	}
 	return nil
 }
-
-// tcHRoot is TC_H_ROOT (linux/pkt_sched.h), which golang.org/x/sys/unix
-// does not define.
-const tcHRoot = 0xFFFFFFFF
