@@ -92,10 +92,7 @@ func routesOf(att string) []string {
 // cni runs one plugin command as a runtime would.
 func (h *cniHost) cni(command, container string, conf []byte) (cniResult, error) {
 	h.t.Helper()
-	cmd := exec.Command("ip", "netns", "exec", h.host.Name, tapPlugin)
-	cmd.Env = []string{"CNI_COMMAND=" + command, "CNI_CONTAINERID=" + container, "CNI_NETNS=/run/netns/" + h.ctr.Name,
-		"CNI_IFNAME=eth0", "CNI_PATH=/opt/cni/bin", "PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
-	cmd.Stdin = bytes.NewReader(conf)
+	cmd := h.command(command, container, conf)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
@@ -107,6 +104,16 @@ func (h *cniHost) cni(command, container string, conf []byte) (cniResult, error)
 		return res, fmt.Errorf("%s %s: %w: code %d %s %s (stderr %s)", command, container, err, res.Code, res.Msg, res.Details, stderr.String())
 	}
 	return res, nil
+}
+
+// command is the built plugin run as a runtime runs it, in the host
+// namespace (ip netns exec execs it: its PID is the plugin's).
+func (h *cniHost) command(command, container string, conf []byte) *exec.Cmd {
+	cmd := exec.Command("ip", "netns", "exec", h.host.Name, tapPlugin)
+	cmd.Env = []string{"CNI_COMMAND=" + command, "CNI_CONTAINERID=" + container, "CNI_NETNS=/run/netns/" + h.ctr.Name,
+		"CNI_IFNAME=eth0", "CNI_PATH=/opt/cni/bin", "PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
+	cmd.Stdin = bytes.NewReader(conf)
+	return cmd
 }
 
 func (h *cniHost) mustCNI(command, container string, conf []byte) cniResult {

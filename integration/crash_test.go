@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"bytes"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -29,11 +28,7 @@ func (h *cniHost) addKilledAfter(t *testing.T, container string, conf []byte, d 
 // whether the command finished first, successfully.
 func (h *cniHost) killedAfter(t *testing.T, command, container string, conf []byte, d time.Duration) bool {
 	t.Helper()
-	// ip netns exec execs the plugin: the PID killed is the plugin's.
-	cmd := exec.Command("ip", "netns", "exec", h.host.Name, tapPlugin)
-	cmd.Env = []string{"CNI_COMMAND=" + command, "CNI_CONTAINERID=" + container, "CNI_NETNS=/run/netns/" + h.ctr.Name,
-		"CNI_IFNAME=eth0", "CNI_PATH=/opt/cni/bin", "PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
-	cmd.Stdin = bytes.NewReader(conf)
+	cmd := h.command(command, container, conf)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
