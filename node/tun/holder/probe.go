@@ -32,9 +32,9 @@ type Links interface {
 // a VMM may still attach between that read and the delete (the window
 // docs/kernel.md measures).
 //
-// A probe owns the tap while it runs, so a VMM opening the tap at that
-// moment fails: callers probe only taps that every other check already
-// calls free, at the removal stage.
+// A probe owns a single-queue tap while it runs, so a VMM opening that tap
+// at that moment fails (EBUSY): callers probe only taps that every other
+// check already calls free, at the removal stage.
 type Prober struct {
 	// NS is the network namespace of the taps; nil: the caller's.
 	NS *os.File
@@ -44,7 +44,8 @@ type Prober struct {
 	Links Links
 }
 
-// Claim is a Prober's own attachment to a tap.
+// Claim is a Prober's own attachment to a tap. The zero Claim holds
+// nothing and sees no other holder.
 type Claim struct {
 	file       *os.File
 	multiQueue bool
