@@ -52,17 +52,18 @@ type Views struct {
 // scrape or status flood must not turn into a /proc walk each.
 const scanMaxAge = 30 * time.Second
 
-// scan returns a scan of the host's processes no older than maxAge.
-func (v *Views) scan(ctx context.Context, maxAge time.Duration) holder.Scan {
+// scan returns a scan of the host's processes no older than maxAge, and
+// when it was made (zero: none was).
+func (v *Views) scan(ctx context.Context, maxAge time.Duration) (holder.Scan, time.Time) {
 	if v.Holders == nil {
-		return holder.NewScan(nil, "no holder scan configured")
+		return holder.NewScan(nil, "no holder scan configured"), time.Time{}
 	}
 	v.scanMu.Lock()
 	defer v.scanMu.Unlock()
 	if v.scanned.IsZero() || time.Since(v.scanned) > maxAge {
 		v.lastScan, v.scanned = v.Holders.Scan(ctx), time.Now()
 	}
-	return v.lastScan
+	return v.lastScan, v.scanned
 }
 
 // TapState is what protects a tap, or how far the reclaim has got with it.
@@ -111,7 +112,7 @@ func (v *Views) Taps(ctx context.Context) ([]TapView, error) {
 	for _, p := range v.Reclaimer.Pending() {
 		pending[p.Tap.Ifindex] = p
 	}
-	scan := v.scan(ctx, 0)
+	scan, _ := v.scan(ctx, 0)
 	views := []TapView{}
 	for _, t := range link.TenantTaps(links) {
 		held, why := holder.Held(t)
@@ -228,11 +229,9 @@ type HolderScanStatus struct {
 
 // HolderScan reports the reach of a recent holder scan.
 func (v *Views) HolderScan(ctx context.Context) HolderScanStatus {
-	scan := v.scan(ctx, scanMaxAge)
+	scan, at := v.scan(ctx, scanMaxAge)
 	ok, why := scan.Complete()
-	v.scanMu.Lock()
-	defer v.scanMu.Unlock()
-	return HolderScanStatus{Complete: ok, Reason: why, At: v.scanned}
+	return HolderScanStatus{Complete: ok, Reason: why, At: at}
 }
 
 // PassSummary is a pass report's head.

@@ -28,11 +28,7 @@ func BenchmarkProbeWindow(b *testing.B) {
 		for b.Loop() {
 			b.StopTimer()
 			nettest.NewTap(b, ns, name, tun.Mode{})
-			l, err := c.GetByName(ctx, name)
-			if err != nil {
-				b.Fatal(err)
-			}
-			tp, _ := l.AsTap()
+			tp := readTap(b, c, name)
 			claim, err := holder.Prober{NS: ns.File, Links: c}.Claim(ctx, tp)
 			if err != nil {
 				b.Fatal(err)
@@ -55,12 +51,9 @@ func BenchmarkProbeWindow(b *testing.B) {
 	})
 	b.Run("getlink", func(b *testing.B) {
 		nettest.NewTap(b, ns, name, tun.Mode{})
-		l, err := c.GetByName(ctx, name)
-		if err != nil {
-			b.Fatal(err)
-		}
+		index := readTap(b, c, name).Index
 		for b.Loop() {
-			if _, err := c.Get(ctx, l.Index); err != nil {
+			if _, err := c.Get(ctx, index); err != nil {
 				b.Fatal(err)
 			}
 		}

@@ -21,7 +21,7 @@ import (
 	"github.com/datum-cloud/galactic-node/node/tun/holder"
 )
 
-func readTap(t *testing.T, c *link.Conn, name string) link.Tap {
+func readTap(t testing.TB, c *link.Conn, name string) link.Tap {
 	t.Helper()
 	l, err := c.GetByName(context.Background(), name)
 	if err != nil {
