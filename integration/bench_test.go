@@ -102,19 +102,25 @@ func unreclaimableSlabKiB(tb testing.TB) float64 {
 }
 
 // BenchmarkKernelMemoryPerTap measures the unreclaimable slab each tap the
-// built plugin makes (its default, multiqueue) pins, against its peer in
-// the same run: a veth pair with one end on a bridge, what a pod's
-// bridge+host-local attachment costs. SUnreclaim is machine-wide, so other
-// activity adds noise; 300 of each keeps it small.
+// built plugin makes pins, its default (single-queue) and multiqueue, against
+// its peer in the same run: a veth pair with one end on a bridge, what a
+// pod's bridge+host-local attachment costs. SUnreclaim is machine-wide, so
+// other activity adds noise; 1,000 of each keeps it small.
 func BenchmarkKernelMemoryPerTap(b *testing.B) {
-	const count = 300
+	const count, multiCount = 1000, 200
 	for b.Loop() {
 		h := newCNIHost(b)
-		before := unreclaimableSlabKiB(b)
-		for i := range count {
-			h.mustCNI("ADD", fmt.Sprintf("%064d", i), h.conf(identity.Attachment(1000+i).Base62(), nil))
+		perTap := func(n, first int, extra map[string]any) float64 {
+			before := unreclaimableSlabKiB(b)
+			for i := range n {
+				h.mustCNI("ADD", fmt.Sprintf("%064d", first+i), h.conf(identity.Attachment(first+i).Base62(), extra))
+			}
+			return (unreclaimableSlabKiB(b) - before) / float64(n)
 		}
-		perTap := (unreclaimableSlabKiB(b) - before) / count
+		single := perTap(count, 1000, nil)
+		// Another VPC: the bridge standing in for the VRF takes at most
+		// 1,024 ports (BR_MAX_PORTS).
+		multi := perTap(multiCount, 1000+count, map[string]any{"multiQueue": true, "vpc": "b", "table": 1011})
 
 		peer := nettest.NewNS(b)
 		peer.IP(b, "link", "add", "br0", "type", "bridge")
@@ -123,15 +129,17 @@ func BenchmarkKernelMemoryPerTap(b *testing.B) {
 		for i := range count {
 			fmt.Fprintf(&batch, "link add v%d type veth peer name p%d\nlink set v%d master br0 up\nlink set p%d up\n", i, i, i, i)
 		}
-		before = unreclaimableSlabKiB(b)
+		before := unreclaimableSlabKiB(b)
 		cmd := exec.Command("ip", "-n", peer.Name, "-batch", "-")
 		cmd.Stdin = strings.NewReader(batch.String())
 		if out, err := cmd.CombinedOutput(); err != nil {
 			b.Fatalf("ip -batch: %v: %.200s", err, out)
 		}
 		perVeth := (unreclaimableSlabKiB(b) - before) / count
-		b.ReportMetric(perTap, "KiB/tap")
+		b.ReportMetric(single, "KiB/tap")
+		b.ReportMetric(multi, "KiB/multiqueue-tap")
 		b.ReportMetric(perVeth, "KiB/veth-pair")
-		b.ReportMetric(perTap/perVeth, "tap/veth")
+		b.ReportMetric(single/perVeth, "tap/veth")
+		b.ReportMetric(multi/perVeth, "multiqueue-tap/veth")
 	}
 }

@@ -41,8 +41,8 @@ func newHolderScene(t *testing.T) *holderScene {
 func (s *holderScene) add(att string, singleQueue bool) string {
 	s.t.Helper()
 	extra := map[string]any{}
-	if singleQueue {
-		extra["singleQueue"] = true
+	if !singleQueue {
+		extra["multiQueue"] = true
 	}
 	s.h.mustCNI("ADD", fmt.Sprintf("%064s", "c"+att), s.h.conf(att, extra))
 	return tapName(att)

@@ -34,9 +34,16 @@ type NetConf struct {
 	VPC           string `json:"vpc,omitempty"`
 	VPCAttachment string `json:"vpcAttachment,omitempty"`
 
-	Table       uint32   `json:"table"`            // the VRF's routing table
-	Master      string   `json:"master,omitempty"` // "vrf" (default), or "bridge" where the kernel has no VRF
-	MTU         uint32   `json:"mtu,omitempty"`
+	Table  uint32 `json:"table"`            // the VRF's routing table
+	Master string `json:"master,omitempty"` // "vrf" (default), or "bridge" where the kernel has no VRF
+	MTU    uint32 `json:"mtu,omitempty"`
+	// MultiQueue asks for a multiqueue tap, for a VMM that opens it with
+	// queues=N. The default is a single-queue tap: the kernel gives every
+	// multiqueue tun device 256 transmit queues, whatever the VMM uses,
+	// and they pin about 2.7 times a veth pair's kernel memory
+	// (docs/scale.md). SingleQueue, the old way to ask for the default,
+	// is still read.
+	MultiQueue  bool     `json:"multiQueue,omitempty"`
 	SingleQueue bool     `json:"singleQueue,omitempty"`
 	UID         *uint32  `json:"uid,omitempty"` // tun owner, for an unprivileged VMM
 	GID         *uint32  `json:"gid,omitempty"`
@@ -191,6 +198,9 @@ func (inv *invocation) build() error {
 	if c.Table == 0 || c.Table == unix.RT_TABLE_MAIN || c.Table == unix.RT_TABLE_LOCAL {
 		errs = append(errs, fmt.Errorf("table %d is not a VRF table", c.Table))
 	}
+	if c.MultiQueue && c.SingleQueue {
+		errs = append(errs, errors.New("multiQueue and singleQueue both set: ask for one"))
+	}
 	if c.MTU != 0 && (c.MTU < 68 || c.MTU > 65535) {
 		errs = append(errs, fmt.Errorf("mtu %d outside 68..65535", c.MTU))
 	}
@@ -250,7 +260,7 @@ func (inv *invocation) build() error {
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
-	inv.tap = tap.Config{Identity: inv.identity, Owner: inv.containerID, SingleQueue: c.SingleQueue, UID: c.UID, GID: c.GID,
+	inv.tap = tap.Config{Identity: inv.identity, Owner: inv.containerID, SingleQueue: !c.MultiQueue, UID: c.UID, GID: c.GID,
 		MTU: c.MTU, Master: master, Table: c.Table, Routes: routes}
 	inv.reg = attachreg.Registration{Identity: inv.identity, Table: c.Table, Egress: datapath.EgressTap,
 		Policy:  datapath.Policy{Generation: c.Policy.Generation, DefaultAction: action, Ethertypes: c.Policy.Ethertypes, Protocols: protocols},
