@@ -77,7 +77,7 @@ const usage = `usage: galactic-node <command> [flags]
 
 commands:
   run          run the node daemon
-  install-cni  install the CNI plugin and conflist into the host's CNI folders, atomically
+  install-cni  install the CNI plugin (and the network's conflist where asked) on the host, atomically
   tap          add or delete a tenant tap as CNI ADD/DEL would, for labs and the demo
   status, taps, pending, passes, pass [--dry-run], maps [NAME], rows IFINDEX
                talk to the running daemon over its admin socket

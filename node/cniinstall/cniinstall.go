@@ -1,9 +1,18 @@
-// Package cniinstall installs the CNI plugin and the network's conflist into
-// the host's CNI folders, the daemon's seccomp profile where the kubelet
-// reads Localhost profiles, and the operator CLI (galactic-node itself) on
-// the host. Each file is replaced by a rename, so the container
-// runtime, which may read either at any moment, sees the old file or the new
-// one and never a part of one.
+// Package cniinstall installs the CNI plugin into the host's plugin folder,
+// the network's conflist where Multus reads secondary networks when asked,
+// the daemon's seccomp profile where the kubelet reads Localhost profiles,
+// and the operator CLI (galactic-node itself) on the host. Each file is
+// replaced by a rename, so the container runtime, which may read either at
+// any moment, sees the old file or the new one and never a part of one.
+//
+// galactic is a secondary network. containerd (max_conf_num 1), CRI-O and
+// Multus' generated configuration take the first file of the runtime's
+// configuration folder (/etc/cni/net.d), by name, as the network of every
+// pod; a galactic conflist there would sort before most primary networks'
+// (10-kindnet, 10-calico, 87-podman-bridge) and be the only file at all at
+// node bootstrap, and every pod without a galactic attachment identity
+// would then fail to start. So the conflist goes into that folder only when
+// asked, and a conflist an older install left there is removed.
 package cniinstall
 
 import (
@@ -18,16 +27,44 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"sort"
+	"strings"
 
 	"github.com/containernetworking/cni/libcni"
 )
 
+// PluginType is the type galactic's network names its plugin by: a
+// conflist whose first plugin has it is galactic's.
+const PluginType = "galactic-tap"
+
+// whyNotDefault is what every warning about the runtime's configuration
+// folder says, so an operator reading one line of the log knows the harm.
+const whyNotDefault = "containerd, CRI-O and Multus' generated configuration take the first file of this folder, by name, as the network of every pod on the node; galactic's ADD fails for a pod with no galactic attachment identity, so no such pod could start"
+
 // Config names the sources and the destination folders.
 type Config struct {
-	Plugin   string // the plugin binary to install
-	Conflist string // the network's conflist to install
-	BinDir   string // the host's CNI plugin folder
-	ConfDir  string // the host's CNI configuration folder
+	Plugin string // the plugin binary to install
+	BinDir string // the host's CNI plugin folder
+
+	// Conflist is the network's conflist. It is installed only into
+	// MultusConfDir, and into ConfDir with IntoConfDir; it also names the
+	// file an older install left in ConfDir. Empty: no conflist is
+	// installed, and none is removed.
+	Conflist string
+	// ConfDir is the container runtime's CNI configuration folder, whose
+	// first file is every pod's network. Nothing is written there unless
+	// IntoConfDir asks; a conflist of Conflist's name and network that an
+	// older install left there is removed.
+	ConfDir string
+	// IntoConfDir installs the conflist into ConfDir all the same, with a
+	// warning in the log: for a node whose pods all carry a galactic
+	// attachment identity, and whose primary network sorts first.
+	IntoConfDir bool
+	// MultusConfDir is Multus' own configuration folder (its confDir,
+	// /etc/cni/multus/net.d by default), where a NetworkAttachmentDefinition
+	// with no spec.config finds its network by name. Empty installs none.
+	MultusConfDir string
+
 	// Seccomp is the daemon's seccomp profile, installed into SeccompDir
 	// (the kubelet's seccomp folder, or a folder under it) before the
 	// daemon's container is created; both empty installs none.
@@ -35,6 +72,43 @@ type Config struct {
 	// CLI is the galactic-node binary, installed into CLIDir so that the
 	// runbooks' commands run on the node itself; both empty installs none.
 	CLI, CLIDir string
+}
+
+// Check refuses a configuration that cannot be what its operator meant,
+// before any file is read.
+func (c Config) Check() error {
+	if c.Plugin == "" || c.BinDir == "" {
+		return errors.New("the plugin and the CNI plugin folder are both required")
+	}
+	if (c.Seccomp == "") != (c.SeccompDir == "") {
+		return errors.New("a seccomp profile and its folder go together")
+	}
+	if (c.CLI == "") != (c.CLIDir == "") {
+		return errors.New("the CLI binary and its folder go together")
+	}
+	if c.IntoConfDir && c.ConfDir == "" {
+		return errors.New("installing the conflist into the runtime's configuration folder needs that folder")
+	}
+	if (c.IntoConfDir || c.MultusConfDir != "") && c.Conflist == "" {
+		return errors.New("installing the conflist needs a conflist")
+	}
+	// Multus' folder named as the runtime's would put the conflist where
+	// it becomes every pod's network without the warning that says so.
+	if c.MultusConfDir != "" && c.ConfDir != "" && sameFolder(c.MultusConfDir, c.ConfDir) {
+		return fmt.Errorf("the Multus configuration folder %s is the runtime's configuration folder, whose first file is every pod's network: name Multus' own folder (its confDir), or ask for the runtime's folder explicitly", c.MultusConfDir)
+	}
+	return nil
+}
+
+// sameFolder says whether a and b name one folder, by path or, when both
+// exist, by inode (a bind mount or a symlink may join them).
+func sameFolder(a, b string) bool {
+	if filepath.Clean(a) == filepath.Clean(b) {
+		return true
+	}
+	sa, errA := os.Stat(a)
+	sb, errB := os.Stat(b)
+	return errA == nil && errB == nil && os.SameFile(sa, sb)
 }
 
 // Installed is one file as it now is at its destination.
@@ -45,41 +119,47 @@ type Installed struct {
 	Changed bool // false when the destination already held these bytes and mode
 }
 
-// Install checks both sources, then installs the plugin and, after it, the
-// conflist. Nothing is written unless both sources are sound. Running it
+// Install checks every source, then removes a conflist an older install
+// left in the runtime's configuration folder, then installs the plugin
+// and, after it, the conflist where asked, the CLI and the seccomp
+// profile. Nothing is changed unless every source is sound. Running it
 // again with the same sources changes nothing.
 func Install(ctx context.Context, c Config, log *slog.Logger) ([]Installed, error) {
-	conf, err := os.ReadFile(c.Conflist)
-	if err != nil {
-		return nil, fmt.Errorf("read conflist: %w", err)
+	if err := c.Check(); err != nil {
+		return nil, err
 	}
-	if err := validateConflist(conf); err != nil {
-		return nil, fmt.Errorf("conflist %s: %w", c.Conflist, err)
+	var network *libcni.NetworkConfigList
+	if c.Conflist != "" {
+		conf, err := os.ReadFile(c.Conflist)
+		if err != nil {
+			return nil, fmt.Errorf("read conflist: %w", err)
+		}
+		if network, err = validateConflist(conf); err != nil {
+			return nil, fmt.Errorf("conflist %s: %w", c.Conflist, err)
+		}
 	}
 	if err := checkPlugin(c.Plugin); err != nil {
 		return nil, err
 	}
-	files := []struct {
+	type file struct {
 		src, dir string
 		mode     fs.FileMode
-	}{
-		{c.Plugin, c.BinDir, 0o755},
-		{c.Conflist, c.ConfDir, 0o644},
+		warn     bool // into the runtime's configuration folder
 	}
-	if (c.Seccomp == "") != (c.SeccompDir == "") {
-		return nil, errors.New("a seccomp profile and its folder go together")
+	// The plugin goes first: a runtime that finds the conflist must find
+	// the plugin it names.
+	files := []file{{src: c.Plugin, dir: c.BinDir, mode: 0o755}}
+	if c.MultusConfDir != "" {
+		files = append(files, file{src: c.Conflist, dir: c.MultusConfDir, mode: 0o644})
 	}
-	if (c.CLI == "") != (c.CLIDir == "") {
-		return nil, errors.New("the CLI binary and its folder go together")
+	if c.IntoConfDir {
+		files = append(files, file{src: c.Conflist, dir: c.ConfDir, mode: 0o644, warn: true})
 	}
 	if c.CLI != "" {
 		if err := checkPlugin(c.CLI); err != nil {
 			return nil, fmt.Errorf("CLI: %w", err)
 		}
-		files = append(files, struct {
-			src, dir string
-			mode     fs.FileMode
-		}{c.CLI, c.CLIDir, 0o755})
+		files = append(files, file{src: c.CLI, dir: c.CLIDir, mode: 0o755})
 	}
 	if c.Seccomp != "" {
 		b, err := os.ReadFile(c.Seccomp)
@@ -91,17 +171,26 @@ func Install(ctx context.Context, c Config, log *slog.Logger) ([]Installed, erro
 		}
 		// The profile is not read before the daemon's container is
 		// created, so its order against the CNI files does not matter.
-		files = append(files, struct {
-			src, dir string
-			mode     fs.FileMode
-		}{c.Seccomp, c.SeccompDir, 0o644})
+		files = append(files, file{src: c.Seccomp, dir: c.SeccompDir, mode: 0o644})
 	}
-	// The plugin goes first: a runtime that finds the conflist must find
-	// the plugin it names.
+
+	// An older install's conflist goes first: while it stays, every new
+	// pod on the node fails.
+	if network != nil && c.ConfDir != "" && !c.IntoConfDir {
+		if err := ctx.Err(); err != nil {
+			return nil, fmt.Errorf("remove an older install's conflist: %w", err)
+		}
+		if err := removeOlder(filepath.Join(c.ConfDir, filepath.Base(c.Conflist)), network.Name, log); err != nil {
+			return nil, err
+		}
+	}
 	var done []Installed
 	for _, f := range files {
 		if err := ctx.Err(); err != nil {
 			return done, fmt.Errorf("install %s: %w", f.src, err)
+		}
+		if f.warn {
+			log.Warn("installing the conflist into the runtime's configuration folder, as asked", "folder", f.dir, "why_dangerous", whyNotDefault)
 		}
 		in, err := installFile(f.src, f.dir, f.mode)
 		if err != nil {
@@ -110,23 +199,115 @@ func Install(ctx context.Context, c Config, log *slog.Logger) ([]Installed, erro
 		log.Info("installed", "source", f.src, "path", in.Path, "bytes", in.Bytes, "sha256", in.SHA256, "changed", in.Changed)
 		done = append(done, in)
 	}
+	if c.ConfDir != "" {
+		warnIfDefault(c.ConfDir, log)
+	}
 	return done, nil
+}
+
+// removeOlder removes path, the conflist an older install put into the
+// runtime's configuration folder, if it is galactic's network: a regular
+// file that parses as a conflist named network whose first plugin is
+// galactic-tap. Anything else of that name is someone's and is left, with
+// a warning.
+func removeOlder(path, network string, log *slog.Logger) error {
+	st, err := os.Lstat(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("remove an older install's conflist: %w", err)
+	}
+	leave := func(why string) error {
+		log.Warn("left a file of galactic's conflist name in the runtime's configuration folder: not galactic's network", "path", path, "why_left", why)
+		return nil
+	}
+	if !st.Mode().IsRegular() {
+		return leave("not a regular file: something other than install-cni manages it")
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("remove an older install's conflist: %w", err)
+	}
+	l, err := libcni.ConfListFromBytes(b)
+	if err != nil {
+		return leave("does not parse as a conflist: " + err.Error())
+	}
+	if l.Name != network {
+		return leave(fmt.Sprintf("names network %q, not %q", l.Name, network))
+	}
+	if len(l.Plugins) == 0 || l.Plugins[0].Network.Type != PluginType {
+		return leave("its first plugin is not " + PluginType)
+	}
+	if err := os.Remove(path); err != nil {
+		return fmt.Errorf("remove an older install's conflist: %w", err)
+	}
+	dir := filepath.Dir(path)
+	if err := syncDir(dir); err != nil {
+		return fmt.Errorf("remove an older install's conflist: %w", err)
+	}
+	log.Warn("removed the conflist an older install put into the runtime's configuration folder", "path", path, "network", network,
+		"why", whyNotDefault)
+	return nil
+}
+
+// defaultNetwork returns the file of dir a runtime takes as every pod's
+// network, as containerd's go-cni picks it: the first .conf, .conflist or
+// .json file by name, read as a conflist or as a single network. CRI-O's
+// ocicni keeps the same order and skips a file it cannot load. An empty
+// path and no error: dir holds no configuration.
+func defaultNetwork(dir string) (string, *libcni.NetworkConfigList, error) {
+	files, err := libcni.ConfFiles(dir, []string{".conf", ".conflist", ".json"})
+	if err != nil || len(files) == 0 {
+		return "", nil, err
+	}
+	sort.Strings(files)
+	first := files[0]
+	if strings.HasSuffix(first, ".conflist") {
+		l, err := libcni.ConfListFromFile(first)
+		return first, l, err
+	}
+	conf, err := libcni.ConfFromFile(first)
+	if err != nil {
+		return first, nil, err
+	}
+	if conf.Network.Type == "" {
+		return first, nil, fmt.Errorf("%s: no network type", first)
+	}
+	l, err := libcni.ConfListFromConf(conf)
+	return first, l, err
+}
+
+// warnIfDefault says when galactic's plugin is the runtime's default
+// network in dir, whoever put it there: install-cni removes only its own
+// file, so a copy under another name needs an operator.
+func warnIfDefault(dir string, log *slog.Logger) {
+	path, l, err := defaultNetwork(dir)
+	if err != nil || l == nil {
+		return
+	}
+	for _, p := range l.Plugins {
+		if p.Network.Type == PluginType {
+			log.Warn("galactic's plugin is the runtime's default network: it runs for every pod on this node", "path", path, "network", l.Name, "why_dangerous", whyNotDefault)
+			return
+		}
+	}
 }
 
 // validateConflist refuses what a runtime could not use: it must parse as a
 // conflist, with a name and at least one plugin.
-func validateConflist(b []byte) error {
+func validateConflist(b []byte) (*libcni.NetworkConfigList, error) {
 	l, err := libcni.ConfListFromBytes(b)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if l.Name == "" {
-		return errors.New("no network name")
+		return nil, errors.New("no network name")
 	}
 	if len(l.Plugins) == 0 {
-		return errors.New("no plugins")
+		return nil, errors.New("no plugins")
 	}
-	return nil
+	return l, nil
 }
 
 // validateSeccomp refuses a profile a runtime would reject at container

@@ -17,7 +17,7 @@ const goodConflist = `{"cniVersion": "1.1.0", "name": "galactic", "plugins": [{"
 
 type env struct {
 	cfg             Config
-	plugin, conf    string // the installed paths
+	plugin, conf    string // the installed paths: the plugin, and the conflist in Multus' folder
 	srcDir, hostDir string
 }
 
@@ -27,16 +27,17 @@ func newEnv(t *testing.T, plugin []byte, conflist string) env {
 	host := t.TempDir()
 	e := env{
 		cfg: Config{
-			Plugin:   filepath.Join(src, "galactic-tap"),
-			Conflist: filepath.Join(src, "10-galactic.conflist"),
-			BinDir:   filepath.Join(host, "opt/cni/bin"),
-			ConfDir:  filepath.Join(host, "etc/cni/net.d"),
+			Plugin:        filepath.Join(src, "galactic-tap"),
+			Conflist:      filepath.Join(src, "10-galactic.conflist"),
+			BinDir:        filepath.Join(host, "opt/cni/bin"),
+			ConfDir:       filepath.Join(host, "etc/cni/net.d"),
+			MultusConfDir: filepath.Join(host, "etc/cni/multus/net.d"),
 		},
 		srcDir:  src,
 		hostDir: host,
 	}
 	e.plugin = filepath.Join(e.cfg.BinDir, "galactic-tap")
-	e.conf = filepath.Join(e.cfg.ConfDir, "10-galactic.conflist")
+	e.conf = filepath.Join(e.cfg.MultusConfDir, "10-galactic.conflist")
 	write(t, e.cfg.Plugin, plugin, 0o700)
 	write(t, e.cfg.Conflist, []byte(conflist), 0o600)
 	return e
@@ -44,6 +45,9 @@ func newEnv(t *testing.T, plugin []byte, conflist string) env {
 
 func write(t *testing.T, path string, b []byte, mode os.FileMode) {
 	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
 	if err := os.WriteFile(path, b, mode); err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +79,7 @@ func TestInstallThenRerunChangesNothing(t *testing.T) {
 	}
 	checkFile(t, e.plugin, plugin, 0o755)
 	checkFile(t, e.conf, []byte(goodConflist), 0o644)
-	for _, d := range []string{e.cfg.BinDir, e.cfg.ConfDir} {
+	for _, d := range []string{e.cfg.BinDir, e.cfg.MultusConfDir} {
 		st, err := os.Stat(d)
 		if err != nil || st.Mode().Perm() != 0o755 {
 			t.Errorf("made folder %s: %v, %v", d, st.Mode(), err)
@@ -294,10 +298,14 @@ func inodes(t *testing.T, paths ...string) [2]uint64 {
 	return out
 }
 
-// onlyTargets fails if an install left anything beside its targets.
+// onlyTargets fails if an install left anything beside its targets, or
+// touched the runtime's configuration folder.
 func onlyTargets(t *testing.T, e env) {
 	t.Helper()
-	for dir, name := range map[string]string{e.cfg.BinDir: "galactic-tap", e.cfg.ConfDir: "10-galactic.conflist"} {
+	if _, err := os.Stat(e.cfg.ConfDir); !os.IsNotExist(err) {
+		t.Errorf("the runtime's configuration folder was made: %v", err)
+	}
+	for dir, name := range map[string]string{e.cfg.BinDir: "galactic-tap", e.cfg.MultusConfDir: "10-galactic.conflist"} {
 		ents, err := os.ReadDir(dir)
 		if err != nil {
 			t.Fatal(err)
