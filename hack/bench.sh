@@ -34,7 +34,12 @@ run ./hubctl 'ChurnSettles' 1x
 run ./hubctl 'CreateToIdentity' 100x
 run ./hubctl 'FreedUnitToIdentity' 20x
 run ./integration 'DaemonRSS' 3x
-run ./integration 'LibcniAddDel' 30x
+# Anchored: 'LibcniAddDel' alone would also run LibcniAddDelAt.
+run ./integration 'LibcniAddDel$' 30x
+# Issue 27's scale points; each sets up its 1,000 attachments a side once
+# (about a minute), untimed.
+run ./integration 'LibcniAddDelAt' 30x
+run ./integration 'LibcniGCWith1000ValidAttachments' 20x
 run ./integration 'KernelMemoryPerTap' 1x
 # The fleet simulation's small sizes (10 and 50 nodes, 10,000 objects);
 # make bench-fleet runs the large ones into bench/FLEET.md.
@@ -64,6 +69,10 @@ GALACTICTEST_FLEET_SIZES=10x10000,50x10000 run ./bench/fleet 'Fleet' 1x
 	echo "server (1,000 VPCAttachments) that must precede every removal. batch-dump = one batch dump of every"
 	echo "per-interface map, the peer of the orphan scan (16,384 ifindex_vrf rows, 1% orphans). bridge = the"
 	echo "reference bridge+host-local conflist (containernetworking/plugins v1.10.0) through libcni, same run."
+	echo "existing=N: ADD and DEL of one more attachment with N of the same network already there, each side"
+	echo "in a host namespace of its own, every bridge pod in a netns of its own. bridge's GC is a no-op in"
+	echo "v1.10.0 (it registers none), so bridge-gc-ns is libcni's pass over its 1,000 cached results plus one"
+	echo "exec; hostlocal = the same GC through libcni to host-local alone, which reads its 1,000 reservations."
 	echo "static = the same pass over 10,000 taps with an inventory.Static of the same 100,000 objects;"
 	echo "prebuilt = with a snapshot built in advance (no inventory cost); heap-MiB = live heap of a cluster"
 	echo "inventory synced over 100,000 VPCAttachments of a real API server."
