@@ -22,6 +22,7 @@ import (
 	"github.com/datum-cloud/galactic-node/node/link"
 	"github.com/datum-cloud/galactic-node/node/reclaim"
 	"github.com/datum-cloud/galactic-node/node/tun"
+	"github.com/datum-cloud/galactic-node/node/tun/holder"
 	"github.com/datum-cloud/galactic-node/node/vrf"
 )
 
@@ -200,7 +201,7 @@ func TestAnotherContainerCanNeitherDeleteNorTakeAHeldTap(t *testing.T) {
 	if after, ok := h.link(tapName("2")); !ok || after.Index != l.Index || len(h.rows(l.Index)) != len(before) {
 		t.Fatal("DEL from another container removed the tap or its rows")
 	}
-	vmm := nettest.Hold(t, h.host, tapName("2"), nettest.HoldOptions{})
+	vmm := nettest.Hold(t, h.host, tapName("2"), nettest.HoldOptions{Mode: tunMode()})
 	_, err := h.cni("ADD", other, conf)
 	if err == nil || !strings.Contains(err.Error(), "code 100") || !strings.Contains(err.Error(), fmt.Sprintf("pid %d", vmm.PID())) {
 		t.Fatalf("ADD over another container's held tap: %v, want error 100 naming pid %d", err, vmm.PID())
@@ -293,7 +294,7 @@ func TestGCRemovesOnlyWhatNoValidAttachmentAndNoHolderKeeps(t *testing.T) {
 	h.mustCNI("ADD", held, h.conf("5", nil))
 	h.mustCNI("ADD", stale, h.conf("6", nil))
 	nettest.NewTap(t, h.host, tapName("7"), tunMode()) // unstamped
-	nettest.Hold(t, h.host, tapName("5"), nettest.HoldOptions{})
+	nettest.Hold(t, h.host, tapName("5"), nettest.HoldOptions{Mode: tunMode()})
 	staleLink, _ := h.link(tapName("6"))
 
 	conf := h.conf("", map[string]any{"vpc": "", "vpcAttachment": "",
@@ -331,7 +332,10 @@ func (h *cniHost) reclaimer(ids ...identity.Identity) *reclaim.Reclaimer {
 		h.t.Fatal(err)
 	}
 	conn := h.host.Dial(h.t)
-	return reclaim.New(conn, &inventory.Static{Objects: objs, Synced: true}, attachreg.New(dp, h.host.File, nil), locks, nil, nil, reclaim.Config{})
+	// The plugin's taps are single-queue: only the kernel probe proves
+	// them free, as the daemon's reclaim does.
+	return reclaim.New(conn, &inventory.Static{Objects: objs, Synced: true}, attachreg.New(dp, h.host.File, nil), locks, nil, nil,
+		reclaim.Config{Prober: holder.Prober{NS: h.host.File, Links: conn}})
 }
 
 // TestConcurrentAddsAndReclaimPassesNeverLoseATap runs 20 ADDs into one VRF
@@ -453,4 +457,5 @@ func TestReclaimAndGCClearExactlyWhatDelClears(t *testing.T) {
 	}
 }
 
-func tunMode() tun.Mode { return tun.Mode{} }
+// tunMode is how a VMM opens the plugin's taps: single-queue, its default.
+func tunMode() tun.Mode { return tun.Mode{SingleQueue: true} }

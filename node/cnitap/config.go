@@ -30,9 +30,18 @@ type NetConf struct {
 	types.PluginConf
 
 	// The attachment identity, base62. CNI_ARGS GALACTIC_VPC and
-	// GALACTIC_VPC_ATTACHMENT override them per invocation.
+	// GALACTIC_VPC_ATTACHMENT override them per invocation, and the
+	// network's own args.cni overrides both.
 	VPC           string `json:"vpc,omitempty"`
 	VPCAttachment string `json:"vpcAttachment,omitempty"`
+
+	// Args is the network's per-invocation arguments as the CNI conventions
+	// place them in its config: Multus puts a network selection's cni-args
+	// here, one set per delegate, where CNI_ARGS is one set shared by every
+	// delegate of the pod and cannot name two networks' identities.
+	Args struct {
+		CNI configArgs `json:"cni"`
+	} `json:"args,omitempty"`
 
 	Table  uint32 `json:"table"`            // the VRF's routing table
 	Master string `json:"master,omitempty"` // "vrf" (default), or "bridge" where the kernel has no VRF
@@ -73,11 +82,40 @@ type cniArgs struct {
 	GALACTIC_TABLE          types.UnmarshallableString //nolint:revive // the VRF's table, per VPC
 }
 
+// configArgs are the keys of args.cni this plugin reads: the same names as
+// in CNI_ARGS. A table may be given as a number or a string.
+type configArgs struct {
+	VPC           string      `json:"GALACTIC_VPC,omitempty"`
+	VPCAttachment string      `json:"GALACTIC_VPC_ATTACHMENT,omitempty"`
+	Table         json.Number `json:"GALACTIC_TABLE,omitempty"`
+}
+
+func (a *configArgs) UnmarshalJSON(b []byte) error {
+	var raw struct {
+		VPC           string          `json:"GALACTIC_VPC"`
+		VPCAttachment string          `json:"GALACTIC_VPC_ATTACHMENT"`
+		Table         json.RawMessage `json:"GALACTIC_TABLE"`
+	}
+	if err := json.Unmarshal(b, &raw); err != nil {
+		return fmt.Errorf("args.cni: %w", err)
+	}
+	a.VPC, a.VPCAttachment = raw.VPC, raw.VPCAttachment
+	if len(raw.Table) > 0 {
+		var s string
+		if json.Unmarshal(raw.Table, &s) != nil {
+			s = string(raw.Table)
+		}
+		a.Table = json.Number(s)
+	}
+	return nil
+}
+
 // invocation is a parsed, validated request: what to create or find.
 type invocation struct {
 	conf        NetConf
 	containerID string
 	ifName      string
+	netns       string
 	identity    identity.Identity
 	hasIdentity bool
 	tap         tap.Config
@@ -113,17 +151,20 @@ func parse(args *skel.CmdArgs, cmd command) (*invocation, error) {
 		// what DEL uses.
 		var lenient struct {
 			types.PluginConf
-			VPC           string `json:"vpc"`
-			VPCAttachment string `json:"vpcAttachment"`
-			BPFFS         string `json:"bpffs"`
-			VRFLockDir    string `json:"vrfLockDir"`
-			DataDir       string `json:"dataDir"`
+			VPC           string          `json:"vpc"`
+			VPCAttachment string          `json:"vpcAttachment"`
+			Args          json.RawMessage `json:"args"`
+			BPFFS         string          `json:"bpffs"`
+			VRFLockDir    string          `json:"vrfLockDir"`
+			DataDir       string          `json:"dataDir"`
 		}
 		if err := json.Unmarshal(args.StdinData, &lenient); err != nil {
 			return nil, fmt.Errorf("%w: %w", errConfig, err)
 		}
 		conf = NetConf{PluginConf: lenient.PluginConf, VPC: lenient.VPC, VPCAttachment: lenient.VPCAttachment,
 			BPFFS: lenient.BPFFS, VRFLockDir: lenient.VRFLockDir, DataDir: lenient.DataDir}
+		// Malformed args are no reason to fail a DEL either.
+		_ = json.Unmarshal(lenient.Args, &conf.Args)
 	}
 	if conf.BPFFS == "" {
 		conf.BPFFS = "/sys/fs/bpf"
@@ -134,7 +175,7 @@ func parse(args *skel.CmdArgs, cmd command) (*invocation, error) {
 	if conf.DataDir == "" {
 		conf.DataDir = DefaultDataDir
 	}
-	inv := &invocation{conf: conf, containerID: args.ContainerID, ifName: args.IfName}
+	inv := &invocation{conf: conf, containerID: args.ContainerID, ifName: args.IfName, netns: args.Netns}
 	if cmd == cmdGC {
 		var keys map[string]json.RawMessage
 		if err := json.Unmarshal(args.StdinData, &keys); err == nil {
@@ -150,19 +191,27 @@ func parse(args *skel.CmdArgs, cmd command) (*invocation, error) {
 			return nil, fmt.Errorf("%w: CNI_ARGS: %w", errConfig, err)
 		}
 	}
-	if ca.GALACTIC_TABLE != "" {
-		n, err := strconv.ParseUint(string(ca.GALACTIC_TABLE), 10, 32)
+	// The network's own args.cni wins over CNI_ARGS, which wins over the
+	// plain fields: the most specific source names this network's tap.
+	ac := conf.Args.CNI
+	for _, t := range []struct{ from, v string }{{"CNI_ARGS", string(ca.GALACTIC_TABLE)}, {"args.cni", string(ac.Table)}} {
+		if t.v == "" {
+			continue
+		}
+		n, err := strconv.ParseUint(t.v, 10, 32)
 		if err != nil {
-			return nil, fmt.Errorf("%w: CNI_ARGS GALACTIC_TABLE %q: %w", errConfig, ca.GALACTIC_TABLE, err)
+			return nil, fmt.Errorf("%w: %s GALACTIC_TABLE %q: %w", errConfig, t.from, t.v, err)
 		}
 		inv.conf.Table = uint32(n)
 	}
 	vpc, att := conf.VPC, conf.VPCAttachment
-	if ca.GALACTIC_VPC != "" {
-		vpc = string(ca.GALACTIC_VPC)
-	}
-	if ca.GALACTIC_VPC_ATTACHMENT != "" {
-		att = string(ca.GALACTIC_VPC_ATTACHMENT)
+	for _, v := range []struct{ vpc, att string }{{string(ca.GALACTIC_VPC), string(ca.GALACTIC_VPC_ATTACHMENT)}, {ac.VPC, ac.VPCAttachment}} {
+		if v.vpc != "" {
+			vpc = v.vpc
+		}
+		if v.att != "" {
+			att = v.att
+		}
 	}
 	if vpc != "" || att != "" {
 		id, err := identity.ParseBase62(vpc, att)

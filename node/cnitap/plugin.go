@@ -140,13 +140,19 @@ func (p *Plugin) add(inv *invocation, e *env) error {
 	ctx = context.WithoutCancel(ctx) // holding the lock, finish what is started
 
 	cfg := inv.tap
-	if l, err := e.conn.GetByName(ctx, inv.identity.TapName()); err == nil && l.Alias != "" && l.Alias != inv.containerID {
-		// A container whose DEL never ran stamped this tap for the same
-		// identity: it is ours to take over unless something holds it.
-		if err := p.mayTakeOver(ctx, e, l); err != nil {
+	if l, err := e.conn.GetByName(ctx, inv.identity.TapName()); err == nil {
+		if err := p.refuseLiveOwner(inv, l); err != nil {
 			return err
 		}
-		cfg.Replaces = l.Alias
+		if l.Alias != "" && l.Alias != inv.containerID {
+			// A container whose DEL never ran stamped this tap for the
+			// same identity: it is ours to take over unless something
+			// holds it.
+			if err := p.mayTakeOver(ctx, e, l); err != nil {
+				return err
+			}
+			cfg.Replaces = l.Alias
+		}
 	}
 	res, err := e.taps.Create(ctx, cfg)
 	if err != nil {
@@ -158,7 +164,7 @@ func (p *Plugin) add(inv *invocation, e *env) error {
 		}
 		return err
 	}
-	if err := writeRecord(inv.conf.DataDir, inv.conf.Name, record{Tap: res.Tap.Name, ContainerID: inv.containerID, IfName: inv.ifName}); err != nil {
+	if err := writeRecord(inv.conf.DataDir, inv.conf.Name, record{Tap: res.Tap.Name, ContainerID: inv.containerID, IfName: inv.ifName, NetNS: inv.netns}); err != nil {
 		// Without its record no GC would ever find the tap: undo.
 		if !res.Adopted {
 			err = errors.Join(err, p.undo(ctx, e, inv, res.Tap.Index))
@@ -216,6 +222,20 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 			case t.Owner() != inv.containerID:
 				p.Log.Info("DEL leaves a tap another container stamped", "container", inv.containerID, "tap", t.Name, "stamp", t.Owner())
 			default:
+				other, err := p.otherRecord(inv, t.Name, t.Owner())
+				if err != nil {
+					return err
+				}
+				if other != nil {
+					// The same container attached it through another
+					// network or interface: that attachment's DEL removes it.
+					p.Log.Info("DEL leaves a tap another attachment of its container recorded", "container", inv.containerID,
+						"tap", t.Name, "network", other.Network, "ifname", other.IfName)
+					if err := removeRecord(inv.conf.DataDir, inv.conf.Name, t.Name); err != nil {
+						p.Log.Warn("DEL left a record", "tap", t.Name, "error", err)
+					}
+					continue
+				}
 				targets = append(targets, teardown.RefOf(t))
 			}
 		}
@@ -352,6 +372,49 @@ func (p *Plugin) ownTaps(ctx context.Context, e *env, inv *invocation) ([]link.T
 		}
 	}
 	return own, nil
+}
+
+// otherRecord returns a record of tap that speaks for it (its container
+// stamped it) and is not this attachment's (network, container, interface),
+// or nil. One tap has one owner: the attachment that recorded it.
+func (p *Plugin) otherRecord(inv *invocation, tap, stamp string) (*networkRecord, error) {
+	recs, err := recordsOfTap(inv.conf.DataDir, tap)
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range recs {
+		if r.Network == inv.conf.Name && r.ContainerID == inv.containerID && r.IfName == inv.ifName {
+			continue
+		}
+		if r.speaksFor(stamp) {
+			return &r, nil
+		}
+	}
+	return nil, nil
+}
+
+// refuseLiveOwner refuses ADD of a tap another attachment recorded while
+// that attachment is live: the same container through another network or
+// interface, or another container whose sandbox namespace still exists.
+// Taking it over would restamp the tap and rewrite its rows under a live
+// workload, and either attachment's DEL would then delete the other's tap.
+// Another container with no such proof of life is left to mayTakeOver.
+func (p *Plugin) refuseLiveOwner(inv *invocation, l link.Link) error {
+	other, err := p.otherRecord(inv, l.Name, l.Alias)
+	if err != nil || other == nil {
+		return err
+	}
+	var why string
+	switch {
+	case other.ContainerID == inv.containerID:
+		why = "this container"
+	case sandboxLive(other.NetNS, inv.netns):
+		why = "container " + other.ContainerID + ", whose namespace " + other.NetNS + " still exists"
+	default:
+		return nil
+	}
+	return fmt.Errorf("%s is attached as network %q interface %q of %s; a tap has one owner, so the network configs must not share an identity: %w",
+		l.Name, other.Network, other.IfName, why, tap.ErrOwnedByAnother)
 }
 
 // mayTakeOver allows ADD to take over l, which another container stamped

@@ -21,6 +21,46 @@ type record struct {
 	Tap         string `json:"tap"`
 	ContainerID string `json:"containerID"`
 	IfName      string `json:"ifName"`
+	// NetNS is the sandbox's namespace path (CNI_NETNS): while it exists
+	// the runtime has not torn the sandbox down, so its attachment is live.
+	// Records written before it was kept have none.
+	NetNS string `json:"netns,omitempty"`
+}
+
+// networkRecord is a record with the network whose folder holds it.
+type networkRecord struct {
+	Network string
+	record
+}
+
+// speaksFor reports whether r still describes tap: the tap carries the stamp
+// of the container r names. A record of a tap another container has since
+// taken over speaks for nothing.
+func (r record) speaksFor(stamp string) bool { return r.ContainerID != "" && r.ContainerID == stamp }
+
+// recordsOfTap returns every network's record of tap. A record that does
+// not parse is left for its own network's GC and DEL to move aside.
+func recordsOfTap(dataDir, tap string) ([]networkRecord, error) {
+	paths, err := filepath.Glob(filepath.Join(dataDir, "*", tap))
+	if err != nil {
+		return nil, fmt.Errorf("find records of tap %s: %w", tap, err)
+	}
+	var out []networkRecord
+	for _, p := range paths {
+		b, err := os.ReadFile(p)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read record %s: %w", p, err)
+		}
+		var r record
+		if json.Unmarshal(b, &r) != nil || r.Tap != tap {
+			continue
+		}
+		out = append(out, networkRecord{Network: filepath.Base(filepath.Dir(p)), record: r})
+	}
+	return out, nil
 }
 
 // networkDir is the folder of network's records. The network name becomes a
@@ -48,6 +88,13 @@ func writeRecord(dataDir, network string, r record) error {
 		return fmt.Errorf("record tap %s: %w", r.Tap, err)
 	}
 	tmp, err := os.CreateTemp(dir, ".tmp-"+r.Tap+"-*")
+	if errors.Is(err, os.ErrNotExist) {
+		// The daemon's record collection removed the folder, empty,
+		// between the two calls.
+		if err = os.MkdirAll(dir, 0o700); err == nil {
+			tmp, err = os.CreateTemp(dir, ".tmp-"+r.Tap+"-*")
+		}
+	}
 	if err != nil {
 		return fmt.Errorf("record tap %s: %w", r.Tap, err)
 	}
@@ -135,6 +182,27 @@ func readRecords(dataDir, network string) (records []record, unreadable []string
 	return records, unreadable, nil
 }
 
+// readRecord reads network's record of tap; a missing or unparseable one is
+// the zero record.
+func readRecord(dataDir, network, tap string) (record, error) {
+	dir, err := networkDir(dataDir, network)
+	if err != nil {
+		return record{}, err
+	}
+	b, err := os.ReadFile(filepath.Join(dir, tap))
+	if errors.Is(err, os.ErrNotExist) {
+		return record{}, nil
+	}
+	if err != nil {
+		return record{}, fmt.Errorf("read record %s of network %s: %w", tap, network, err)
+	}
+	var r record
+	if json.Unmarshal(b, &r) != nil {
+		return record{}, nil
+	}
+	return r, nil
+}
+
 // removeRecord removes the record of tap; a missing one is fine, also on a
 // read-only or full folder, where unlink answers EROFS before it looks.
 func removeRecord(dataDir, network, tap string) error {
@@ -160,4 +228,17 @@ func removeRecord(dataDir, network, tap string) error {
 func recordedAnywhere(dataDir, tap string) bool {
 	matches, _ := filepath.Glob(filepath.Join(dataDir, "*", tap))
 	return len(matches) > 0
+}
+
+// sandboxLive reports whether the namespace path a record names still
+// exists. A runtime removes a sandbox's namespace when it tears the sandbox
+// down, so a path that is gone, or one the asking sandbox now uses (the
+// runtime reused it), belongs to no live attachment. A record with no path
+// says nothing.
+func sandboxLive(recorded, asking string) bool {
+	if recorded == "" || recorded == asking {
+		return false
+	}
+	_, err := os.Stat(recorded)
+	return err == nil
 }
