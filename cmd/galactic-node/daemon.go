@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -31,6 +32,7 @@ import (
 	"github.com/datum-cloud/galactic-node/internal/logging/klogroute"
 	"github.com/datum-cloud/galactic-node/internal/metricsserve"
 	"github.com/datum-cloud/galactic-node/node/attachreg"
+	"github.com/datum-cloud/galactic-node/node/cnitap"
 	"github.com/datum-cloud/galactic-node/node/inventory"
 	"github.com/datum-cloud/galactic-node/node/inventory/kubeinventory"
 	"github.com/datum-cloud/galactic-node/node/link"
@@ -47,7 +49,7 @@ type daemonFlags struct {
 	inventoryMaxAge, proofTimeout         time.Duration
 	dryRun                                bool
 	maxReclaims                           int
-	bpffs, vrfLockDir                     string
+	bpffs, vrfLockDir, cniDataDir         string
 	adminSocket, adminListen              string
 	adminTLSCert, adminTLSKey, adminToken string
 	adminKubeAuth                         bool
@@ -71,6 +73,7 @@ func daemonFlagSet(f *daemonFlags) *flag.FlagSet {
 	fs.IntVar(&f.maxReclaims, "max-reclaims-per-pass", 0, "cap on removals per pass, the rest roll over (0: no cap)")
 	fs.StringVar(&f.bpffs, "bpffs", "/sys/fs/bpf", "bpf filesystem; maps are pinned under <bpffs>/galactic")
 	fs.StringVar(&f.vrfLockDir, "vrf-lock-dir", vrf.DefaultDir, "folder of the per-VRF lock files shared with the CNI plugin")
+	fs.StringVar(&f.cniDataDir, "cni-data-dir", cnitap.DefaultDataDir, "the CNI plugin's records; each interval the daemon removes those whose tap is gone, which a removed network's GC never would (empty disables)")
 	fs.StringVar(&f.adminSocket, "admin-socket", "/run/galactic/admin.sock", "admin API unix socket, mode 0600, in a folder only its owner may write (empty disables)")
 	fs.StringVar(&f.adminListen, "admin-listen", "", "admin API TCP address; TLS required unless loopback")
 	fs.StringVar(&f.adminTLSCert, "admin-tls-cert", "", "TLS certificate for --admin-listen")
@@ -273,7 +276,10 @@ func runDaemon(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 	}
 	rcfg := reclaim.Config{DryRun: f.dryRun, MaxReclaimsPerPass: f.maxReclaims, MinCandidateAge: f.minCandidateAge, ProveTimeout: f.proofTimeout,
 		Prober: holder.Prober{Links: conn}}
-	reclaimer := reclaim.New(conn, inv, reclaimRegistry(registry, log), locks, metrics, log, rcfg)
+	// Each pass may remove taps whose records then name nothing: the
+	// record collection runs after it.
+	passDone := make(chan struct{}, 1)
+	reclaimer := reclaim.New(conn, inv, reclaimRegistry(registry, log), locks, passSignal{metrics, passDone}, log, rcfg)
 	ag := &nodeview.Views{Links: conn, Inventory: inv, Reclaimer: reclaimer, Registry: registry, Datapath: dp, Holders: holders, MaxInventoryAge: f.inventoryMaxAge}
 	if err := reg.Register(ag.MapCollector()); err != nil {
 		return err
@@ -395,6 +401,9 @@ func runDaemon(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 
 	var wg sync.WaitGroup
 	wg.Go(func() { reclaimer.Run(ctx, f.interval) })
+	if f.cniDataDir != "" {
+		wg.Go(func() { collectRecords(ctx, f.cniDataDir, conn, locks, passDone, log) })
+	}
 	<-ctx.Done()
 	stopBy = time.Now().Add(f.shutdownTimeout)
 	log.Info("stopping: finishing the pass in flight", "timeout", f.shutdownTimeout.String())
@@ -409,4 +418,36 @@ func runDaemon(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 		log.Warn("stopping with a pass still in flight: the shutdown timeout ran out", "timeout", f.shutdownTimeout.String())
 	}
 	return nil
+}
+
+// collectRecords removes, at start and after each pass, the CNI records
+// that no longer speak for a tap (cnitap.CollectRecords).
+func collectRecords(ctx context.Context, dataDir string, links cnitap.LinkGetter, locks cnitap.VPCLocker, passDone <-chan struct{}, log *slog.Logger) {
+	log = log.With("component", "cni-records")
+	for {
+		done, err := cnitap.CollectRecords(ctx, dataDir, links, locks, 10*time.Second, log)
+		if err != nil && ctx.Err() == nil {
+			log.Warn("collecting CNI records: some were left for the next round", "folder", dataDir, "collected", len(done), "error", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-passDone:
+		}
+	}
+}
+
+// passSignal passes the reclaim's reports on and says, without blocking
+// the pass, that one ended.
+type passSignal struct {
+	reclaim.Observer
+	done chan<- struct{}
+}
+
+func (p passSignal) PassDone(rep reclaim.Report, pending int) {
+	p.Observer.PassDone(rep, pending)
+	select {
+	case p.done <- struct{}{}:
+	default:
+	}
 }
