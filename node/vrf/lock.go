@@ -2,23 +2,55 @@
 // the node daemon's reclaim and every CNI plugin invocation take the same
 // lock, named after the VRF, before they change a tap of that VPC.
 //
-// The lock is an in-process mutex plus flock(2) on <dir>/<vrf>.lock. Lock
-// files are never unlinked. flock locks an inode, not a path: if a holder
-// unlinked the file on release while another process had it open and was
-// waiting, a third process would create a new file at the same path and lock
-// a different inode, and two processes would both hold "the" lock. One small
-// file per VPC ever seen on the node is the price, and /run is cleared at
-// boot.
+// The lock has an in-process half, a one-token channel per VRF, and a
+// cross-process half, an open-file-description (OFD) write lock on the
+// whole of <dir>/<vrf>.lock taken with F_OFD_SETLKW. A process waiting for
+// it sleeps in the kernel's queue of that file's locks, and the kernel
+// wakes waiters one at a time in the order they blocked. A storm of plugins
+// starting pods of one tenant is thus served in turn, and no waiter burns
+// CPU the holder needs. (Polling a non-blocking flock, as this package
+// once did, served no order: an unlucky waiter could lose every race until
+// its timeout, and the polling of hundreds of waiters slowed the holder
+// they waited for.) OFD locks, unlike classic fcntl locks, belong to the
+// open file, not the process, so two opens in one process exclude each
+// other and closing an unrelated descriptor of the file releases nothing.
+//
+// A blocked F_OFD_SETLKW cannot be abandoned: Go installs its signal
+// handlers with SA_RESTART, so no signal ends the call, and the kernel
+// offers no timeout. It therefore runs on a goroutine of its own. When the
+// caller's context ends, Lock returns at once and that goroutine stays in
+// the queue until it gets the lock, then releases it by closing the file.
+// Until then it keeps the process's token for the VRF, so a process never
+// has more than one thread blocked per VRF: the daemon's threads stay
+// bounded by the VRFs it touches, however many of its lock attempts time
+// out, and its later attempts queue on the token, where waiting can be
+// abandoned, until the abandoned one has had its turn. A plugin that gives
+// up simply exits, and the kernel drops its waiter with its files.
+//
+// Plugin and daemon binaries before this one take only flock(2) on the
+// same file, and on Linux flock and OFD locks do not see each other. So
+// that both kinds exclude each other while a node is upgraded, the OFD
+// holder also takes the flock, blocking. Among processes of this version
+// only the OFD holder ever asks for the flock, so it waits only for an old
+// process holding it; and old processes never ask for the OFD lock, so no
+// process waits on one kind while holding the other the waiter needs.
+//
+// Lock files are never unlinked. Both kinds of lock lock an inode, not a
+// path: if a holder unlinked the file on release while another process had
+// it open and was waiting, a third process would create a new file at the
+// same path and lock a different inode, and two processes would both hold
+// "the" lock. One small file per VPC ever seen on the node is the price,
+// and /run is cleared at boot.
 package vrf
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"sync"
-	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -38,7 +70,9 @@ type Locker struct {
 }
 
 // slot is the in-process half of one VRF's lock: a one-token channel, so
-// that waiting can be abandoned when a context ends.
+// that waiting can be abandoned when a context ends. The token is held from
+// the start of the kernel wait until the file lock is released, whether by
+// the caller's unlock or by an abandoned waiter once it has had its turn.
 type slot struct {
 	token chan struct{}
 	refs  int // goroutines holding or waiting; the slot is dropped at 0
@@ -59,6 +93,13 @@ func NewLocker(dir string) (*Locker, error) {
 // Dir is the folder holding the lock files.
 func (l *Locker) Dir() string { return l.dir }
 
+// fileLock is what the kernel wait hands back: the locked file, or why
+// there is none.
+type fileLock struct {
+	f   *os.File
+	err error
+}
+
 // Lock takes the lock of vpc's VRF, waiting until it is free or ctx ends.
 // The VRF is named from the identity, not read from a tap's master, so the
 // lock holds whether or not the tap is still enslaved. The returned function
@@ -75,20 +116,49 @@ func (l *Locker) Lock(ctx context.Context, vpc identity.VPC) (unlock func(), err
 		l.releaseSlot(vpc)
 		return nil, fmt.Errorf("lock vrf %s: %w", name, ctx.Err())
 	}
-	f, err := l.flock(ctx, name)
-	if err != nil {
+	leave := func() {
 		<-s.token
 		l.releaseSlot(vpc)
+	}
+	if err := ctx.Err(); err != nil { // ended while the token was free
+		leave()
 		return nil, fmt.Errorf("lock vrf %s: %w", name, err)
 	}
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			f.Close() // releases the flock
-			<-s.token
-			l.releaseSlot(vpc)
-		})
-	}, nil
+
+	// got is unbuffered: the waiter hands the file over only while Lock is
+	// still there to take it, and otherwise sees abandoned and releases
+	// the lock itself, so the file is never dropped by both or neither.
+	got := make(chan fileLock)
+	abandoned := make(chan struct{})
+	path := filepath.Join(l.dir, name+".lock")
+	go func() {
+		f, err := lockFile(path)
+		select {
+		case got <- fileLock{f, err}:
+		case <-abandoned:
+			if f != nil {
+				f.Close() // releases both locks
+			}
+			leave()
+		}
+	}()
+	select {
+	case fl := <-got:
+		if fl.err != nil {
+			leave()
+			return nil, fmt.Errorf("lock vrf %s: %w", name, fl.err)
+		}
+		var once sync.Once
+		return func() {
+			once.Do(func() {
+				fl.f.Close() // releases both locks
+				leave()
+			})
+		}, nil
+	case <-ctx.Done():
+		close(abandoned)
+		return nil, fmt.Errorf("lock vrf %s: %w", name, ctx.Err())
+	}
 }
 
 func (l *Locker) acquireSlot(vpc identity.VPC) *slot {
@@ -113,33 +183,37 @@ func (l *Locker) releaseSlot(vpc identity.VPC) {
 	}
 }
 
-// flock opens the VRF's lock file and takes an exclusive flock on it. A
-// blocking flock cannot be abandoned when ctx ends, so it polls with a
-// non-blocking one, backing off from 1 ms to 25 ms.
-func (l *Locker) flock(ctx context.Context, name string) (*os.File, error) {
-	path := filepath.Join(l.dir, name+".lock")
+// lockFile opens the lock file at path and takes, waiting in the kernel
+// for as long as it takes, first an OFD write lock on the whole file and
+// then an exclusive flock for processes of older versions (see the package
+// doc). Closing the returned file releases both. The file is opened
+// close-on-exec, as os opens every file, so no child inherits the lock.
+func lockFile(path string) (*os.File, error) {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("open lock file: %w", err)
 	}
-	wait := time.Millisecond
+	// Len 0 locks from Start to whatever the end of the file ever is: the
+	// whole file, so every locker conflicts with every other.
+	whole := unix.Flock_t{Type: unix.F_WRLCK, Whence: io.SeekStart, Start: 0, Len: 0}
+	if err := retryEINTR(func() error { return unix.FcntlFlock(f.Fd(), unix.F_OFD_SETLKW, &whole) }); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("ofd lock %s: %w", path, err)
+	}
+	if err := retryEINTR(func() error { return unix.Flock(int(f.Fd()), unix.LOCK_EX) }); err != nil {
+		f.Close() // releases the OFD lock too
+		return nil, fmt.Errorf("flock %s: %w", path, err)
+	}
+	return f, nil
+}
+
+// retryEINTR calls op again while it fails with EINTR. Go's handlers ask
+// the kernel to restart both waits, but a handler installed by foreign code
+// (cgo) might not.
+func retryEINTR(op func() error) error {
 	for {
-		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
-		if err == nil {
-			return f, nil
+		if err := op(); !errors.Is(err, unix.EINTR) {
+			return err
 		}
-		if !errors.Is(err, unix.EWOULDBLOCK) && !errors.Is(err, unix.EINTR) {
-			f.Close()
-			return nil, fmt.Errorf("flock %s: %w", path, err)
-		}
-		timer := time.NewTimer(wait)
-		select {
-		case <-timer.C:
-		case <-ctx.Done():
-			timer.Stop()
-			f.Close()
-			return nil, ctx.Err()
-		}
-		wait = min(wait*2, 25*time.Millisecond)
 	}
 }

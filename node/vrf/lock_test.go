@@ -7,26 +7,101 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/datum-cloud/galactic-node/node/identity"
 )
 
 const (
-	helperEnv    = "GALACTICTEST_VRF_LOCK_HELPER_DIR"
-	helperVPCEnv = "GALACTICTEST_VRF_LOCK_HELPER_VPC"
+	helperEnv     = "GALACTICTEST_VRF_LOCK_HELPER_DIR"
+	helperVPCEnv  = "GALACTICTEST_VRF_LOCK_HELPER_VPC"
+	helperModeEnv = "GALACTICTEST_VRF_LOCK_HELPER_MODE"
+	helperLogEnv  = "GALACTICTEST_VRF_LOCK_HELPER_LOG"
+	helperNameEnv = "GALACTICTEST_VRF_LOCK_HELPER_NAME"
 )
 
-// TestMain lets the test binary act as a second process that holds a lock
-// until its stdin closes.
+// TestMain lets the test binary act as a second process: by default one
+// that holds a lock until its stdin closes; see helper for the others.
 func TestMain(m *testing.M) {
 	if dir := os.Getenv(helperEnv); dir != "" {
-		os.Exit(holdLockUntilStdinCloses(dir))
+		os.Exit(helper(os.Getenv(helperModeEnv), dir))
 	}
 	os.Exit(m.Run())
+}
+
+// helper runs the second process's part: hold (the default) takes the lock
+// with Lock and holds it until stdin closes; oldflock holds it as versions
+// before the OFD lock did, with flock alone, until stdin closes; oldtry makes
+// one non-blocking flock attempt as those versions did and says "locked" or
+// "busy"; wait takes the lock with Lock, appends its name to the log file,
+// and releases it at once.
+func helper(mode, dir string) int {
+	switch mode {
+	case "":
+		return holdLockUntilStdinCloses(dir)
+	case "oldflock", "oldtry":
+		vpc, _ := strconv.ParseUint(os.Getenv(helperVPCEnv), 10, 64)
+		f, err := os.OpenFile(lockPath(dir, identity.VPC(vpc)), os.O_RDWR|os.O_CREATE, 0o600)
+		if err != nil {
+			return 2
+		}
+		defer f.Close()
+		if mode == "oldtry" {
+			if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); errors.Is(err, unix.EWOULDBLOCK) {
+				_, _ = os.Stdout.WriteString("busy\n")
+			} else if err == nil {
+				_, _ = os.Stdout.WriteString("locked\n")
+			} else {
+				return 3
+			}
+			return 0
+		}
+		if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
+			return 3
+		}
+		_, _ = os.Stdout.WriteString("locked\n")
+		_, _ = bufio.NewReader(os.Stdin).ReadString('\n')
+		return 0
+	case "wait":
+		vpc, _ := strconv.ParseUint(os.Getenv(helperVPCEnv), 10, 64)
+		l, err := NewLocker(dir)
+		if err != nil {
+			return 2
+		}
+		unlock, err := l.Lock(context.Background(), identity.VPC(vpc))
+		if err != nil {
+			return 3
+		}
+		defer unlock()
+		log, err := os.OpenFile(os.Getenv(helperLogEnv), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+		if err != nil {
+			return 4
+		}
+		defer log.Close()
+		if _, err := log.WriteString(os.Getenv(helperNameEnv) + "\n"); err != nil {
+			return 5
+		}
+		return 0
+	}
+	return 1
+}
+
+func lockPath(dir string, vpc identity.VPC) string {
+	return filepath.Join(dir, vpc.VRFName()+".lock")
+}
+
+// helperCommand is the test binary run as a helper process in mode.
+func helperCommand(mode, dir string, vpc identity.VPC, env ...string) *exec.Cmd {
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), helperEnv+"="+dir, helperVPCEnv+"="+strconv.FormatUint(uint64(vpc), 10), helperModeEnv+"="+mode)
+	cmd.Env = append(cmd.Env, env...)
+	return cmd
 }
 
 func holdLockUntilStdinCloses(dir string) int {
@@ -49,8 +124,12 @@ func holdLockUntilStdinCloses(dir string) int {
 // the function that makes it release the lock and exit. It returns once the
 // other process holds the lock.
 func startHolder(t *testing.T, dir string, vpc identity.VPC) (release func(), err error) {
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), helperEnv+"="+dir, helperVPCEnv+"="+strconv.FormatUint(uint64(vpc), 10))
+	return startHolderIn(t, "", dir, vpc)
+}
+
+// startHolderIn is startHolder with the helper's mode: "" or "oldflock".
+func startHolderIn(t *testing.T, mode, dir string, vpc identity.VPC) (release func(), err error) {
+	cmd := helperCommand(mode, dir, vpc)
 	stdin, _ := cmd.StdinPipe()
 	stdout, _ := cmd.StdoutPipe()
 	if err := cmd.Start(); err != nil {
