@@ -41,6 +41,7 @@ run ./integration 'LibcniAddDel$' 30x
 run ./integration 'LibcniAddDelAt' 30x
 run ./integration 'LibcniGCWith1000ValidAttachments' 20x
 run ./integration 'KernelMemoryPerTap' 1x
+run ./integration 'AddStorm200' 1x
 # The fleet simulation's small sizes (10 and 50 nodes, 10,000 objects);
 # make bench-fleet runs the large ones into bench/FLEET.md.
 GALACTICTEST_FLEET_SIZES=10x10000,50x10000 run ./bench/fleet 'Fleet' 1x
