@@ -435,6 +435,12 @@ func TestTheNodeImageRunsAsTheDaemonSetRunsIt(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// A node an older install left galactic's conflist on, before its
+	// primary network's: the upgrade removes it.
+	copyTree(t, "testdata/net.d/kindnet", hostPaths["cni-conf"])
+	if err := os.WriteFile(filepath.Join(hostPaths["cni-conf"], "10-galactic.conflist"), []byte(olderConflist), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	tokens, err := os.ReadFile(n.tokens)
 	if err != nil {
 		t.Fatal(err)
@@ -461,9 +467,13 @@ func TestTheNodeImageRunsAsTheDaemonSetRunsIt(t *testing.T) {
 	if fi, err := os.Stat(plugin); err != nil || fi.Mode().Perm()&0o111 == 0 {
 		t.Fatalf("install-cni left no executable plugin: %v", err)
 	}
-	installed, err := os.ReadFile(filepath.Join(hostPaths["cni-conf"], "10-galactic.conflist"))
-	if err != nil || string(installed) != configMapData(t, "galactic-cni-conflist")["10-galactic.conflist"] {
-		t.Fatalf("install-cni conflist: %v\n%s", err, installed)
+	// The plugin alone: the runtime's folder is left to the primary
+	// network, whose file gives every pod its network again.
+	if got := treeNames(tree(t, hostPaths["cni-conf"])); len(got) != 1 || got[0] != "10-kindnet.conflist" {
+		t.Fatalf("install-cni left the runtime's folder holding %v, want kindnet's conflist alone\n%s", got, initCtr.log.String())
+	}
+	if !strings.Contains(initCtr.log.String(), "removed the conflist an older install put") {
+		t.Errorf("install-cni did not log the older conflist it removed:\n%s", initCtr.log.String())
 	}
 
 	// Taps: a stale one (no attachment carries a/2), and a held one whose
@@ -519,10 +529,11 @@ func TestTheNodeImageRunsAsTheDaemonSetRunsIt(t *testing.T) {
 		}
 	}
 
-	// The plugin install-cni dropped, through libcni with the installed
-	// conflist. Its host paths are rewritten to the stand-in node's
-	// folders, and the bridge stands in for the VRF this kernel lacks.
-	list := installedConflist(t, installed, map[string]any{
+	// The plugin install-cni dropped, through libcni with the network of
+	// the NetworkAttachmentDefinition deploy/ ships, as Multus runs it.
+	// Its host paths are the stand-in node's folders, the bridge stands in
+	// for the VRF this kernel lacks, and the identity is the attachment's.
+	list := installedConflist(t, []byte(exampleNADConfig(t)), map[string]any{
 		"bpffs": n.bpffs, "vrfLockDir": filepath.Join(hostPaths["run-galactic"], "vrf"), "dataDir": filepath.Join(root, "cni-state"),
 		"master": "bridge", "vpc": "a", "vpcAttachment": "4", "routes": routesOf("4"), "gateway": map[string]string{"ipv4": "10.10.0.254"},
 	})
@@ -575,8 +586,8 @@ func TestTheNodeImageRunsAsTheDaemonSetRunsIt(t *testing.T) {
 	}
 }
 
-// installedConflist parses the conflist install-cni wrote and sets fields
-// on its galactic-tap plugin.
+// installedConflist parses a conflist and sets fields on its galactic-tap
+// plugin.
 func installedConflist(t *testing.T, data []byte, set map[string]any) *libcni.NetworkConfigList {
 	t.Helper()
 	var raw map[string]any

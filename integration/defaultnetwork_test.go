@@ -163,6 +163,26 @@ func multusConfByName(t *testing.T, dir, name string) defaultNetwork {
 	return defaultNetwork{}
 }
 
+// olderConflist is what an older install-cni left in the runtime's folder:
+// deploy/node/10-galactic.conflist as its ConfigMap shipped it, up to
+// 9d7a55f, copied byte for byte.
+const olderConflist = `{
+  "cniVersion": "1.1.0",
+  "name": "galactic",
+  "plugins": [
+    {
+      "type": "galactic-tap",
+      "master": "vrf",
+      "table": 1000,
+      "policy": {"defaultAction": "allow"},
+      "bpffs": "/sys/fs/bpf",
+      "vrfLockDir": "/run/galactic/vrf",
+      "dataDir": "/var/lib/cni/galactic-tap"
+    }
+  ]
+}
+`
+
 // installCNI runs the built galactic-node install-cni as the DaemonSet's
 // init container runs it, the network's conflist the one deploy/ ships,
 // with the host folders of a stand-in node.
@@ -244,13 +264,7 @@ func TestInstallCNIKeepsTheRuntimesDefaultNetwork(t *testing.T) {
 				copyTree(t, filepath.Join("testdata/net.d", system), netd)
 			}
 			want, wantTree := runtimeDefault(t, netd), tree(t, netd)
-			// What the older install left: deploy/'s conflist, as its init
-			// container copied it.
-			older, err := os.ReadFile("../deploy/node/10-galactic.conflist")
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := os.WriteFile(filepath.Join(netd, "10-galactic.conflist"), older, 0o644); err != nil {
+			if err := os.WriteFile(filepath.Join(netd, "10-galactic.conflist"), []byte(olderConflist), 0o644); err != nil {
 				t.Fatal(err)
 			}
 			if broken := runtimeDefault(t, netd); (broken.Type == "galactic-tap") != c.galacticsFirst {

@@ -163,6 +163,8 @@ func TestEveryManifestIsAcceptedByTheAPIServer(t *testing.T) {
 			}
 		}
 	}
+	// Multus owns the CRD of the NetworkAttachmentDefinition example.
+	applyMultusCRD(t, a)
 	for _, dir := range append(kustomizations, devKustomization) {
 		objs := build(t, dir)
 		if len(objs) < 15 {
