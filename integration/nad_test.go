@@ -239,33 +239,75 @@ func TestTheShippedNetworkAttachmentDefinitionRunsThePlugin(t *testing.T) {
 	}
 
 	// ADD, CHECK, DEL of the built plugin with that network, through
-	// libcni as Multus delegates, on interface net1 (Multus' name for a
-	// pod's first secondary network). The test's own host paths stand in
-	// for the node's, the bridge for the VRF this kernel lacks, and the
-	// identity is given as a definition of one attachment gives it.
+	// libcni as Multus delegates, on net1 (Multus' name for a pod's first
+	// secondary interface). The test's own host paths stand in for the
+	// node's and the bridge for the VRF this kernel lacks. The identity
+	// comes both ways the docs give it: a pod's cni-args, which Multus
+	// writes into every plugin's args.cni, and a KubeVirt VM's definition
+	// of its own, with vpc and vpcAttachment in the plugin's entry.
 	h := newCNIHost(t)
 	r := newRuntime(t, h)
-	const att = "n"
-	net := withPluginFields(t, list, map[string]any{
-		"bpffs": h.bpffs, "vrfLockDir": h.locks, "dataDir": h.dataDir, "master": "bridge",
-		"vpc": "a", "vpcAttachment": att, "routes": routesOf(att),
-	})
-	rt := r.rt(ctrA, "net1")
-	if err := r.in(func(ctx context.Context) error { _, err := r.cni.AddNetworkList(ctx, net, rt); return err }); err != nil {
-		t.Fatalf("ADD with the definition's network: %v", err)
+	testPaths := map[string]any{"bpffs": h.bpffs, "vrfLockDir": h.locks, "dataDir": h.dataDir, "master": "bridge"}
+	for _, c := range []struct {
+		how, att, container string
+		net                 *libcni.NetworkConfigList
+	}{
+		{"a pod's cni-args", "n", ctrA, withCNIArgs(t, withPluginFields(t, list, testPaths),
+			map[string]any{"GALACTIC_VPC": "a", "GALACTIC_VPC_ATTACHMENT": "n"})},
+		{"a VM's own definition", "p", strings.Repeat("d", 64), withPluginFields(t, withPluginFields(t, list, testPaths),
+			map[string]any{"vpc": "a", "vpcAttachment": "p"})},
+	} {
+		rt := r.rt(c.container, "net1")
+		if err := r.in(func(ctx context.Context) error { _, err := r.cni.AddNetworkList(ctx, c.net, rt); return err }); err != nil {
+			t.Fatalf("%s: ADD with the definition's network: %v", c.how, err)
+		}
+		if l, ok := h.link(tapName(c.att)); !ok || l.Alias != c.container {
+			t.Fatalf("%s: ADD made no tap %s stamped by the container", c.how, tapName(c.att))
+		}
+		if err := r.in(func(ctx context.Context) error { return r.cni.CheckNetworkList(ctx, c.net, rt) }); err != nil {
+			t.Fatalf("%s: CHECK: %v", c.how, err)
+		}
+		if err := r.in(func(ctx context.Context) error { return r.cni.DelNetworkList(ctx, c.net, rt) }); err != nil {
+			t.Fatalf("%s: DEL: %v", c.how, err)
+		}
+		if _, ok := h.link(tapName(c.att)); ok {
+			t.Fatalf("%s: DEL left the tap", c.how)
+		}
 	}
-	if l, ok := h.link(tapName(att)); !ok || l.Alias != ctrA {
-		t.Fatalf("ADD made no tap %s stamped by the container", tapName(att))
+}
+
+// withCNIArgs returns list with args merged into every plugin's args.cni,
+// as Multus writes a network selection's cni-args into a conflist
+// (addCNIArgsInConfList, injectCNIArgs).
+func withCNIArgs(t *testing.T, list *libcni.NetworkConfigList, args map[string]any) *libcni.NetworkConfigList {
+	t.Helper()
+	var raw map[string]any
+	if err := json.Unmarshal(list.Bytes, &raw); err != nil {
+		t.Fatal(err)
 	}
-	if err := r.in(func(ctx context.Context) error { return r.cni.CheckNetworkList(ctx, net, rt) }); err != nil {
-		t.Fatalf("CHECK: %v", err)
+	plugins, _ := raw["plugins"].([]any)
+	for _, p := range plugins {
+		plugin := p.(map[string]any)
+		a, _ := plugin["args"].(map[string]any)
+		if a == nil {
+			a = map[string]any{}
+			plugin["args"] = a
+		}
+		cni, _ := a["cni"].(map[string]any)
+		if cni == nil {
+			cni = map[string]any{}
+			a["cni"] = cni
+		}
+		for k, v := range args {
+			cni[k] = v
+		}
 	}
-	if err := r.in(func(ctx context.Context) error { return r.cni.DelNetworkList(ctx, net, rt) }); err != nil {
-		t.Fatalf("DEL: %v", err)
+	b, _ := json.Marshal(raw)
+	out, err := libcni.ConfListFromBytes(b)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if _, ok := h.link(tapName(att)); ok {
-		t.Fatal("DEL left the tap")
-	}
+	return out
 }
 
 // The multus-conf-dir component makes the DaemonSet's install-cni put the
