@@ -202,6 +202,11 @@ func TestConventionEnvironment(t *testing.T) {
 		{binary, []string{"GALACTIC_LOG_FORMAT=bogus", "GALACTIC_INTERVAL=1m"}, []string{"install-cni"}, 2, `--log-format "bogus": want json or text`},
 		{binary, []string{"GALACTIC_VPC=not base62!", "GALACTIC_ATTACHMENT=1"}, []string{"tap", "hold"}, 2, "--vpc/--attachment"},
 		{hubctl, []string{"GALACTIC_LOG_FORMAT=bogus", "GALACTIC_PLATFORM_NAMESPACE=p"}, nil, 2, `--log-format "bogus": want json or text`},
+		// The kubelet's service links for the project's own Services are no
+		// mistake: the next error is the bad log format, not them.
+		{binary, append(serviceLinks(), "GALACTIC_LOG_FORMAT=bogus"), []string{"install-cni"}, 2, `--log-format "bogus": want json or text`},
+		{binary, append(serviceLinks(), "GALACTIC_LOG_FORMAT=bogus"), []string{"run"}, 2, `--log-format "bogus": want json or text`},
+		{hubctl, append(serviceLinks(), "GALACTIC_LOG_FORMAT=bogus", "GALACTIC_PLATFORM_NAMESPACE=p"), nil, 2, `--log-format "bogus": want json or text`},
 	} {
 		r := runBin(t, tc.bin, tc.env, tc.args...)
 		if r.code != tc.code || !strings.Contains(r.stderr, tc.want) || strings.Count(r.stderr, "\n") != 2 {
@@ -216,6 +221,22 @@ func TestConventionEnvironment(t *testing.T) {
 	if r := runBin(t, tapPlugin, env, "--version"); r.code != 0 {
 		t.Errorf("galactic-tap --version with GALACTIC_* set: exit %d, %q", r.code, r.stderr)
 	}
+}
+
+// serviceLinks are the variables a kubelet gives every container of a pod
+// in galactic-system for the project's two metrics Services, unless the pod
+// sets enableServiceLinks: false.
+func serviceLinks() []string {
+	var env []string
+	for _, svc := range []struct {
+		prefix, ip, port string
+	}{{"GALACTIC_NODE_METRICS", "10.96.0.80", "9180"}, {"GALACTIC_HUBCTL_METRICS", "10.96.12.34", "9181"}} {
+		p, url := svc.prefix+"_PORT_"+svc.port+"_TCP", "tcp://"+svc.ip+":"+svc.port
+		env = append(env, svc.prefix+"_SERVICE_HOST="+svc.ip, svc.prefix+"_SERVICE_PORT="+svc.port,
+			svc.prefix+"_SERVICE_PORT_METRICS="+svc.port, svc.prefix+"_PORT="+url, p+"="+url,
+			p+"_PROTO=tcp", p+"_PORT="+svc.port, p+"_ADDR="+svc.ip)
+	}
+	return env
 }
 
 // jsonLines fails t unless every line of log is a JSON object, and returns them.

@@ -415,3 +415,15 @@ func TestTheInstallStepsRunInOrderAsWritten(t *testing.T) {
 		t.Fatalf("the docs' token Secret holds %d tokens, want read and admin", tokens.Count())
 	}
 }
+
+// The kubelet gives a pod's containers variables for every Service of its
+// namespace unless the pod says not to; the project's own Services are
+// named galactic-…, so their variables would read as GALACTIC_* flags.
+func TestThePodsAskForNoServiceLinks(t *testing.T) {
+	for _, w := range []struct{ kind, name string }{{"DaemonSet", "galactic-node"}, {"Deployment", "galactic-hubctl"}} {
+		_, tmpl := workload(t, w.kind, w.name)
+		if l := tmpl.Spec.EnableServiceLinks; l == nil || *l {
+			t.Errorf("%s %s: enableServiceLinks is not false", w.kind, w.name)
+		}
+	}
+}

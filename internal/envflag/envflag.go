@@ -8,6 +8,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"regexp"
 	"slices"
 	"strings"
 )
@@ -58,8 +59,8 @@ func Names(sets ...*flag.FlagSet) map[string]bool {
 func Unknown(environ []string, known map[string]bool) error {
 	var bad []string
 	for _, kv := range environ {
-		name, _, _ := strings.Cut(kv, "=")
-		if !strings.HasPrefix(name, Prefix) || known[name] {
+		name, value, _ := strings.Cut(kv, "=")
+		if !strings.HasPrefix(name, Prefix) || known[name] || ServiceLink(name, value) {
 			continue
 		}
 		if near := closest(name, known); near != "" {
@@ -72,6 +73,28 @@ func Unknown(environ []string, known map[string]bool) error {
 	}
 	slices.Sort(bad)
 	return fmt.Errorf("unknown environment variable %s", strings.Join(bad, ", "))
+}
+
+// serviceLinkName matches the names the kubelet gives a Service's
+// variables (pkg/kubelet/envvars): <SVC>_SERVICE_HOST, <SVC>_SERVICE_PORT,
+// <SVC>_SERVICE_PORT_<PORTNAME>, and Docker's link variables
+// <SVC>_PORT_<port>_<PROTO>[_PROTO|_PORT|_ADDR]. <SVC>_PORT alone is told by
+// its value (serviceLinkURL), as a flag could be named ..._PORT.
+var (
+	serviceLinkName = regexp.MustCompile(`_SERVICE_HOST$|_SERVICE_PORT$|_SERVICE_PORT_[A-Z0-9_]+$|_PORT_[0-9]+_(TCP|UDP|SCTP)(_PROTO|_PORT|_ADDR)?$`)
+	serviceLinkURL  = regexp.MustCompile(`^(tcp|udp|sctp)://`)
+)
+
+// ServiceLink reports whether name=value is a variable the kubelet injects
+// for a Service of the pod's namespace (unless the pod sets
+// enableServiceLinks: false): a Service named galactic-… becomes
+// GALACTIC_…_SERVICE_HOST and the like, which no flag owns and no operator
+// wrote, so refusing it would crash-loop the pod over its neighbours.
+func ServiceLink(name, value string) bool {
+	if serviceLinkName.MatchString(name) {
+		return true
+	}
+	return strings.HasSuffix(name, "_PORT") && serviceLinkURL.MatchString(value)
 }
 
 // closest is the known name a few edits from name, if one is: at most one

@@ -56,3 +56,38 @@ func TestUnknownVariablesAreNamedWithTheirLikelyFlag(t *testing.T) {
 		t.Errorf("GALACTIC_FOO has no obvious flag, yet: %v", err)
 	}
 }
+
+// kubeletServiceLinks is what the kubelet puts into every container of a
+// pod in galactic-system without enableServiceLinks: false, for the
+// project's own two metrics Services (pkg/kubelet/envvars).
+var kubeletServiceLinks = []string{
+	"GALACTIC_HUBCTL_METRICS_SERVICE_HOST=10.96.12.34",
+	"GALACTIC_HUBCTL_METRICS_SERVICE_PORT=9181",
+	"GALACTIC_HUBCTL_METRICS_SERVICE_PORT_METRICS=9181",
+	"GALACTIC_HUBCTL_METRICS_PORT=tcp://10.96.12.34:9181",
+	"GALACTIC_HUBCTL_METRICS_PORT_9181_TCP=tcp://10.96.12.34:9181",
+	"GALACTIC_HUBCTL_METRICS_PORT_9181_TCP_PROTO=tcp",
+	"GALACTIC_HUBCTL_METRICS_PORT_9181_TCP_PORT=9181",
+	"GALACTIC_HUBCTL_METRICS_PORT_9181_TCP_ADDR=10.96.12.34",
+	"GALACTIC_NODE_METRICS_SERVICE_HOST=10.96.0.80",
+	"GALACTIC_NODE_METRICS_SERVICE_PORT=9180",
+	"GALACTIC_NODE_METRICS_PORT=tcp://10.96.0.80:9180",
+	"GALACTIC_NODE_METRICS_PORT_9180_TCP=tcp://10.96.0.80:9180",
+	"GALACTIC_NODE_METRICS_PORT_9180_UDP_PROTO=udp",
+}
+
+// The variables a kubelet injects for Services are nobody's mistake: a
+// pod must not crash-loop because a Service named galactic-… exists
+// beside it. A variable merely ending in _PORT is still judged, by its
+// value.
+func TestKubeletServiceLinksAreNotMistakes(t *testing.T) {
+	known := Names(flags())
+	if err := Unknown(kubeletServiceLinks, known); err != nil {
+		t.Fatalf("the kubelet's service links: %v", err)
+	}
+	for _, kv := range []string{"GALACTIC_METRICS_PORT=9180", "GALACTIC_SERVICE_HOSTS=x", "GALACTIC_PORT_80_TCPX=x"} {
+		if err := Unknown([]string{kv}, known); err == nil {
+			t.Errorf("%s is no service link, yet it was ignored", kv)
+		}
+	}
+}
