@@ -146,16 +146,9 @@ func sameSet[T comparable](a, b []T) bool {
 
 // prevMAC returns the MAC prevResult gives the tap, if it names the tap.
 func prevMAC(conf NetConf, name string) (string, bool, error) {
-	if conf.RawPrevResult == nil {
-		return "", false, nil
-	}
-	pc := conf.PluginConf
-	if err := version.ParsePrevResult(&pc); err != nil {
-		return "", false, fmt.Errorf("%w: prevResult: %w", errConfig, err)
-	}
-	res, err := current.NewResultFromResult(pc.PrevResult)
-	if err != nil {
-		return "", false, fmt.Errorf("%w: prevResult: %w", errConfig, err)
+	res, err := prevResult(conf)
+	if err != nil || res == nil {
+		return "", false, err
 	}
 	for _, i := range res.Interfaces {
 		if i.Name == name && i.Sandbox == "" {
@@ -163,6 +156,23 @@ func prevMAC(conf NetConf, name string) (string, bool, error) {
 		}
 	}
 	return "", false, nil
+}
+
+// prevResult is the result of the plugins before this one in the chain,
+// in this version's form, or nil at the head of a chain.
+func prevResult(conf NetConf) (*current.Result, error) {
+	if conf.RawPrevResult == nil {
+		return nil, nil
+	}
+	pc := conf.PluginConf
+	if err := version.ParsePrevResult(&pc); err != nil {
+		return nil, fmt.Errorf("%w: prevResult: %w", errConfig, err)
+	}
+	res, err := current.NewResultFromResult(pc.PrevResult)
+	if err != nil {
+		return nil, fmt.Errorf("%w: prevResult: %w", errConfig, err)
+	}
+	return res, nil
 }
 
 // Status only checks, and changes nothing: the lock folder must exist and

@@ -118,6 +118,7 @@ type invocation struct {
 	netns       string
 	identity    identity.Identity
 	hasIdentity bool
+	identityErr error // DEL only: the identity given did not parse
 	tap         tap.Config
 	reg         attachreg.Registration
 	// gcListed: the GC request carries cni.dev/valid-attachments at all
@@ -215,10 +216,16 @@ func parse(args *skel.CmdArgs, cmd command) (*invocation, error) {
 	}
 	if vpc != "" || att != "" {
 		id, err := identity.ParseBase62(vpc, att)
-		if err != nil {
+		switch {
+		case err == nil:
+			inv.identity, inv.hasIdentity = id, true
+		case cmd == cmdDel:
+			// No ADD could have made a tap of it: DEL goes on as one
+			// the runtime gave no identity, by this attachment's records.
+			inv.identityErr = err
+		default:
 			return nil, fmt.Errorf("%w: attachment identity: %w", errConfig, err)
 		}
-		inv.identity, inv.hasIdentity = id, true
 	} else if needIdentity {
 		return nil, fmt.Errorf("%w: no attachment identity: set vpc and vpcAttachment, or CNI_ARGS GALACTIC_VPC and GALACTIC_VPC_ATTACHMENT", errConfig)
 	}

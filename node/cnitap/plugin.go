@@ -130,6 +130,12 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 }
 
 func (p *Plugin) add(inv *invocation, e *env) error {
+	// Read before anything is made: a chain's result that does not parse
+	// is a configuration error that changes nothing.
+	prev, err := prevResult(inv.conf)
+	if err != nil {
+		return err
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), lockTimeout)
 	defer cancel()
 	unlock, err := e.locks.Lock(ctx, inv.identity.VPC)
@@ -176,10 +182,14 @@ func (p *Plugin) add(inv *invocation, e *env) error {
 			"previous_container", cfg.Replaces, "tap", res.Tap.Name, "ifindex", res.Tap.Index)
 	}
 	p.Log.Info("ADD", "container", inv.containerID, "tap", res.Tap.Name, "ifindex", res.Tap.Index, "adopted", res.Adopted)
-	result := &current.Result{
-		CNIVersion: current.ImplementedSpecVersion,
-		Interfaces: []*current.Interface{{Name: res.Tap.Name, Mac: res.Tap.Address.String()}},
+	// In a chain the result is the previous plugins' with the tap added:
+	// a runtime keeps only the last plugin's result, so dropping theirs
+	// would drop the pod's addresses, routes and DNS.
+	result := &current.Result{CNIVersion: current.ImplementedSpecVersion}
+	if prev != nil {
+		result = prev
 	}
+	result.Interfaces = append(result.Interfaces, &current.Interface{Name: res.Tap.Name, Mac: res.Tap.Address.String()})
 	return types.PrintResult(result, inv.conf.CNIVersion)
 }
 
@@ -202,67 +212,117 @@ func (p *Plugin) undo(ctx context.Context, e *env, inv *invocation, ifindex uint
 // container's, is success. A tap still held is removed all the same: the
 // runtime has ended the attachment, and no other path would ever take it.
 func (p *Plugin) Del(args *skel.CmdArgs) error {
-	return p.run(args, cmdDel, func(inv *invocation, e *env) error {
-		ctx := context.Background()
-		own, err := p.ownTaps(ctx, e, inv)
-		if err != nil {
-			return err
+	inv, err := parse(args, cmdDel)
+	if err != nil {
+		return cniError(err)
+	}
+	if inv.identityErr != nil {
+		p.Log.Warn("DEL: the attachment identity does not parse, so no ADD made a tap of it; removing what this attachment recorded",
+			"container", inv.containerID, "ifname", inv.ifName, "error", inv.identityErr)
+	}
+	e, err := p.open(inv.conf, false)
+	if errors.Is(err, datapath.ErrNotPinned) {
+		return cniError(p.delUnpinned(inv, err))
+	}
+	if err != nil {
+		return cniError(err)
+	}
+	defer e.close()
+	return cniError(p.del(inv, e))
+}
+
+// delUnpinned is DEL while the daemon's maps are not pinned (it has not
+// started yet, or was removed): no rows can exist, so DEL succeeds when no
+// tap of this attachment does either, and otherwise leaves the tap for a
+// DEL retried once the daemon is up, since its rows cannot be cleared.
+func (p *Plugin) delUnpinned(inv *invocation, notPinned error) error {
+	conn, err := link.Dial(nil)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	own, err := p.ownTaps(context.Background(), &env{conn: conn}, inv)
+	if err != nil {
+		return err
+	}
+	var left []string
+	for _, t := range own {
+		if t.Owner() == inv.containerID {
+			left = append(left, t.Name)
 		}
-		if len(own) == 0 && inv.hasIdentity {
-			return p.clearGone(ctx, e, inv)
+	}
+	if len(left) > 0 {
+		return types.NewError(types.ErrPluginNotAvailable, fmt.Sprintf("DEL cannot remove %s before the node daemon pins its maps", strings.Join(left, ", ")), notPinned.Error())
+	}
+	if inv.hasIdentity {
+		if err := removeRecord(inv.conf.DataDir, inv.conf.Name, inv.identity.TapName()); err != nil && !errors.Is(err, errConfig) {
+			p.Log.Warn("DEL left the record of a tap already gone", "container", inv.containerID, "tap", inv.identity.TapName(), "error", err)
 		}
-		var targets, unstamped []teardown.TapRef
-		for _, t := range own {
-			switch {
-			case t.Owner() == "" && inv.hasIdentity:
-				// Half-made by an ADD killed before its stamp (plugins
-				// before this one persisted first): nothing else would
-				// ever remove it. Removed only if nothing holds it.
-				unstamped = append(unstamped, teardown.RefOf(t))
-			case t.Owner() != inv.containerID:
-				p.Log.Info("DEL leaves a tap another container stamped", "container", inv.containerID, "tap", t.Name, "stamp", t.Owner())
-			default:
-				other, err := p.otherRecord(inv, t.Name, t.Owner())
-				if err != nil {
-					return err
+	}
+	p.Log.Info("DEL found nothing to remove; the node daemon's maps are not pinned", "container", inv.containerID, "ifname", inv.ifName)
+	return nil
+}
+
+func (p *Plugin) del(inv *invocation, e *env) error {
+	ctx := context.Background()
+	own, err := p.ownTaps(ctx, e, inv)
+	if err != nil {
+		return err
+	}
+	if len(own) == 0 && inv.hasIdentity {
+		return p.clearGone(ctx, e, inv)
+	}
+	var targets, unstamped []teardown.TapRef
+	for _, t := range own {
+		switch {
+		case t.Owner() == "" && inv.hasIdentity:
+			// Half-made by an ADD killed before its stamp (plugins
+			// before this one persisted first): nothing else would
+			// ever remove it. Removed only if nothing holds it.
+			unstamped = append(unstamped, teardown.RefOf(t))
+		case t.Owner() != inv.containerID:
+			p.Log.Info("DEL leaves a tap another container stamped", "container", inv.containerID, "tap", t.Name, "stamp", t.Owner())
+		default:
+			other, err := p.otherRecord(inv, t.Name, t.Owner())
+			if err != nil {
+				return err
+			}
+			if other != nil {
+				// The same container attached it through another
+				// network or interface: that attachment's DEL removes it.
+				p.Log.Info("DEL leaves a tap another attachment of its container recorded", "container", inv.containerID,
+					"tap", t.Name, "network", other.Network, "ifname", other.IfName)
+				if err := removeRecord(inv.conf.DataDir, inv.conf.Name, t.Name); err != nil {
+					p.Log.Warn("DEL left a record", "tap", t.Name, "error", err)
 				}
-				if other != nil {
-					// The same container attached it through another
-					// network or interface: that attachment's DEL removes it.
-					p.Log.Info("DEL leaves a tap another attachment of its container recorded", "container", inv.containerID,
-						"tap", t.Name, "network", other.Network, "ifname", other.IfName)
-					if err := removeRecord(inv.conf.DataDir, inv.conf.Name, t.Name); err != nil {
-						p.Log.Warn("DEL left a record", "tap", t.Name, "error", err)
-					}
-					continue
-				}
-				targets = append(targets, teardown.RefOf(t))
+				continue
 			}
+			targets = append(targets, teardown.RefOf(t))
 		}
-		if len(unstamped) > 0 {
-			out := e.remover(p.Log).Remove(ctx, unstamped, teardown.Options{})
-			for _, t := range out.Removed {
-				p.Log.Info("DEL removed an unstamped tap of its identity that nothing held", "container", inv.containerID, "tap", t.Name, "ifindex", t.Ifindex)
-			}
-			for _, k := range out.Kept {
-				p.Log.Warn("DEL left an unstamped tap of its identity", "container", inv.containerID, "tap", k.Tap.Name, "why", k.Why)
-			}
-		}
-		if len(targets) == 0 {
-			return nil
-		}
-		out := e.remover(p.Log).Remove(ctx, targets, teardown.Options{RemoveHeld: true})
-		for _, k := range out.Kept {
-			p.Log.Info("DEL found the tap changed", "container", inv.containerID, "tap", k.Tap.Name, "why", k.Why)
-		}
+	}
+	if len(unstamped) > 0 {
+		out := e.remover(p.Log).Remove(ctx, unstamped, teardown.Options{})
 		for _, t := range out.Removed {
-			p.Log.Info("DEL", "container", inv.containerID, "tap", t.Name, "ifindex", t.Ifindex)
-			if err := removeRecord(inv.conf.DataDir, inv.conf.Name, t.Name); err != nil {
-				p.Log.Warn("DEL left a record", "tap", t.Name, "error", err)
-			}
+			p.Log.Info("DEL removed an unstamped tap of its identity that nothing held", "container", inv.containerID, "tap", t.Name, "ifindex", t.Ifindex)
 		}
-		return failures("DEL", out)
-	})
+		for _, k := range out.Kept {
+			p.Log.Warn("DEL left an unstamped tap of its identity", "container", inv.containerID, "tap", k.Tap.Name, "why", k.Why)
+		}
+	}
+	if len(targets) == 0 {
+		return nil
+	}
+	out := e.remover(p.Log).Remove(ctx, targets, teardown.Options{RemoveHeld: true})
+	for _, k := range out.Kept {
+		p.Log.Info("DEL found the tap changed", "container", inv.containerID, "tap", k.Tap.Name, "why", k.Why)
+	}
+	for _, t := range out.Removed {
+		p.Log.Info("DEL", "container", inv.containerID, "tap", t.Name, "ifindex", t.Ifindex)
+		if err := removeRecord(inv.conf.DataDir, inv.conf.Name, t.Name); err != nil {
+			p.Log.Warn("DEL left a record", "tap", t.Name, "error", err)
+		}
+	}
+	return failures("DEL", out)
 }
 
 // clearGone clears what ADD registered for the identity when its tap is
