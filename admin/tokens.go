@@ -60,6 +60,12 @@ type TokenFile struct {
 	mu      sync.RWMutex
 	entries []tokenEntry
 	loaded  fileID // what entries were read from; zero after a revocation
+	// seen is a new content read once: it is taken only when the next
+	// look reads it again, because a rewrite in place (truncate, then
+	// write) shows an empty file between the two, which would otherwise
+	// revoke every token for an instant, and for good if the write that
+	// follows is refused.
+	seen fileID
 	// problem is the last trouble logged, so that Watch says each once.
 	problem string
 }
@@ -153,7 +159,7 @@ func parseTokens(data []byte) ([]tokenEntry, error) {
 }
 
 // Watch looks at the file every interval until ctx ends and reloads it when
-// its inode or content changed. A file that is gone or unreadable revokes
+// its inode or content changed and two looks in a row read the change. A file that is gone or unreadable revokes
 // every token (fail closed) until it returns; one readable by group or
 // others, or malformed, leaves the tokens in force. Each of these is logged
 // once, until the file is loaded again.
@@ -189,9 +195,11 @@ func (f *TokenFile) check(log *slog.Logger) {
 			log.Warn("token file refused, keeping the tokens in force", "error", err, "tokens", len(f.entries))
 		}
 	case id == f.loaded:
-		f.problem = ""
+		f.problem, f.seen = "", fileID{}
+	case id != f.seen:
+		f.seen = id // taken at the next look if it still reads so
 	default:
-		f.entries, f.loaded, f.problem = entries, id, ""
+		f.entries, f.loaded, f.problem, f.seen = entries, id, "", fileID{}
 		log.Info("token file reloaded", "path", f.path, "tokens", len(entries))
 		if len(entries) == 0 {
 			log.Warn("no admin token is configured in the token file", "path", f.path)
