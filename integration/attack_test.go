@@ -271,6 +271,57 @@ func flood(count int, dial func() (net.Conn, error), prefix string, size int) (o
 	}
 }
 
+// sustain keeps up to count connections open by dial, each sending prefix
+// and size bytes of a header it never finishes, and dials again whenever
+// the server closes one (its header timeout): a flood that holds every slot
+// however slowly the machine dials, until stop is called.
+func sustain(count int, dial func() (net.Conn, error), prefix string, size int) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	chunk := bytes.Repeat([]byte("a"), 16<<10)
+	for range count {
+		wg.Go(func() {
+			for {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				began := time.Now()
+				c, err := dial()
+				if err != nil {
+					time.Sleep(100 * time.Millisecond)
+					continue
+				}
+				closed := make(chan struct{})
+				go func() {
+					select {
+					case <-done:
+						c.Close()
+					case <-closed:
+					}
+				}()
+				_ = c.SetWriteDeadline(time.Now().Add(20 * time.Second))
+				_, err = io.WriteString(c, prefix)
+				for sent := 0; err == nil && sent < size; sent += len(chunk) {
+					_, err = c.Write(chunk[:min(len(chunk), size-sent)])
+				}
+				// Held until the server gives up on it, or stop.
+				_, _ = io.Copy(io.Discard, c)
+				close(closed)
+				c.Close()
+				if time.Since(began) < 100*time.Millisecond {
+					time.Sleep(100 * time.Millisecond) // refused at once: the slots are full
+				}
+			}
+		})
+	}
+	return func() {
+		close(done)
+		wg.Wait()
+	}
+}
+
 // selfSignedCert writes a certificate and key for ip into dir.
 func selfSignedCert(t *testing.T, dir, ip string) (certFile, keyFile string) {
 	t.Helper()
@@ -374,10 +425,10 @@ func TestFloodsLeaveTheDaemonBoundedAndAnswering(t *testing.T) {
 			c()
 		}
 	}()
-	floodFrom := func(what string, count int, addr string, tlsOn bool, size int) {
+	dialer := func(addr string, tlsOn bool) func() (net.Conn, error) {
 		var mu sync.Mutex
 		next := 0
-		dial := func() (net.Conn, error) {
+		return func() (net.Conn, error) {
 			if addr == "" {
 				return net.DialTimeout("unix", n.socket, 10*time.Second)
 			}
@@ -387,9 +438,19 @@ func TestFloodsLeaveTheDaemonBoundedAndAnswering(t *testing.T) {
 			mu.Unlock()
 			return dialIn(atk.File, src, addr, tlsOn)
 		}
-		opened, closeAll := flood(count, dial, "GET /v1/taps HTTP/1.1\r\nHost: node\r\nX-Flood: ", size)
+	}
+	const request = "GET /v1/taps HTTP/1.1\r\nHost: node\r\nX-Flood: "
+	floodFrom := func(what string, count int, addr string, tlsOn bool, size int) {
+		opened, closeAll := flood(count, dialer(addr, tlsOn), request, size)
 		closers = append(closers, closeAll)
 		t.Logf("flood of the %s: %d of %d connections opened", what, opened, count)
+	}
+	// holdEvery keeps every remote slot of a listener taken, refilling
+	// those its header timeout frees, so that what follows runs while the
+	// listener is full however slow the machine is.
+	holdEvery := func(what string, count int, addr string, tlsOn bool, size int) {
+		closers = append(closers, sustain(count, dialer(addr, tlsOn), request, size))
+		t.Logf("sustained flood of the %s: %d connections", what, count)
 	}
 	// open reads, from loopback, how many connections a listener holds.
 	open := func(listener string) int {
@@ -409,14 +470,19 @@ func TestFloodsLeaveTheDaemonBoundedAndAnswering(t *testing.T) {
 	// Each flood that holds every remote slot is followed at once (its
 	// connections are held up to the 5 s header timeout) by the node's own
 	// requests, which must be served.
-	floodFrom("admin TLS listener", 400, adminTLS, true, 15<<10)
+	holdEvery("admin TLS listener", 2*admin.AdminMaxConns, adminTLS, true, 15<<10)
+	eventually(t, "the flood holds every remote admin TCP slot", func() (bool, string) {
+		held := open("admin-tcp")
+		return held >= admin.AdminMaxConns, fmt.Sprintf("%d of %d held", held, admin.AdminMaxConns)
+	})
 	if code, body := callIn(n.ns.File, nodeIP, adminTLS, true, "/v1/taps", readToken); code != http.StatusOK {
 		t.Errorf("admin TLS from the node during the flood: %d %.200s", code, body)
 	}
-	if held := open("admin-tcp"); held < admin.AdminMaxConns {
-		t.Errorf("the flood held %d admin TCP connections, want all %d remote slots", held, admin.AdminMaxConns)
-	}
-	floodFrom("metrics port with unfinished small headers", 100, metrics, false, 1<<10)
+	holdEvery("metrics port with unfinished small headers", 2*metricsserve.MaxConns, metrics, false, 1<<10)
+	eventually(t, "the flood holds every remote metrics slot", func() (bool, string) {
+		held := open("metrics")
+		return held >= metricsserve.MaxConns, fmt.Sprintf("%d of %d held", held, metricsserve.MaxConns)
+	})
 	for _, src := range []string{"127.0.0.1", nodeIP} {
 		dst := metrics
 		if src == "127.0.0.1" {
