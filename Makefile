@@ -24,32 +24,41 @@ build:
 
 # Container images as OCI archives under $(IMAGE_DIR), for `podman load -i`
 # or `podman run oci-archive:...`, written by hack/imagebuild with no
-# registry and no base image. The same commit gives the same digests: static
-# binaries with no build paths or VCS stamp, and every timestamp the
-# commit's (SOURCE_DATE_EPOCH overrides it).
+# registry and no base image. The same sources give the same digests: static
+# binaries with no build paths or VCS stamp, and the version, revision and
+# every timestamp those of IMAGE_COMMIT, the last commit that changed what
+# goes into an image (IMAGE_SOURCES; SOURCE_DATE_EPOCH overrides its time).
+# A commit that changes only manifests or docs, such as the one that pins
+# deploy/base to these digests, builds the same images, so the pin can name
+# what its own tree builds (integration/install_test.go checks it).
 IMAGE_DIR         ?= bin
 IMAGE_REPO        ?= ghcr.io/datum-cloud
 IMAGE_SOURCE      ?= https://github.com/datum-cloud/galactic-node
-REVISION          ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
-SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
+IMAGE_SOURCES     := go.mod go.sum Makefile cmd node ebpf admin hubctl internal hack/imagebuild deploy/node/seccomp \
+	':(exclude,glob)**/*_test.go' ':(exclude,glob)**/testdata/**'
+IMAGE_COMMIT      ?= $(shell git log -1 --format=%H -- $(IMAGE_SOURCES) 2>/dev/null || echo unknown)
+IMAGE_DIRTY       := $(shell git diff --quiet HEAD -- $(IMAGE_SOURCES) 2>/dev/null || echo -dirty)
+IMAGE_VERSION     ?= $(shell git describe --always $(IMAGE_COMMIT) 2>/dev/null || echo dev)$(IMAGE_DIRTY)
+REVISION          ?= $(IMAGE_COMMIT)
+SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct $(IMAGE_COMMIT) 2>/dev/null || echo 0)
 STATIC_BUILD      := CGO_ENABLED=0 $(GO) build -trimpath -buildvcs=false
 IMAGE_BUILD       = $(GO) run ./hack/imagebuild -epoch $(SOURCE_DATE_EPOCH) \
 	-label org.opencontainers.image.source=$(IMAGE_SOURCE) \
 	-label org.opencontainers.image.revision=$(REVISION) \
-	-label org.opencontainers.image.version=$(VERSION)
+	-label org.opencontainers.image.version=$(IMAGE_VERSION)
 
 images:
 	@mkdir -p $(IMAGE_DIR)/static
-	$(STATIC_BUILD) -ldflags "-X main.version=$(VERSION)" -o $(IMAGE_DIR)/static/galactic-node ./cmd/galactic-node
-	$(STATIC_BUILD) -ldflags "-X main.version=$(VERSION)" -o $(IMAGE_DIR)/static/galactic-hubctl ./cmd/galactic-hubctl
-	$(STATIC_BUILD) -ldflags "-X main.buildVersion=$(VERSION)" -o $(IMAGE_DIR)/static/galactic-tap ./cmd/galactic-tap
-	$(IMAGE_BUILD) -ref $(IMAGE_REPO)/galactic-node:$(VERSION) \
+	$(STATIC_BUILD) -ldflags "-X main.version=$(IMAGE_VERSION)" -o $(IMAGE_DIR)/static/galactic-node ./cmd/galactic-node
+	$(STATIC_BUILD) -ldflags "-X main.version=$(IMAGE_VERSION)" -o $(IMAGE_DIR)/static/galactic-hubctl ./cmd/galactic-hubctl
+	$(STATIC_BUILD) -ldflags "-X main.buildVersion=$(IMAGE_VERSION)" -o $(IMAGE_DIR)/static/galactic-tap ./cmd/galactic-tap
+	$(IMAGE_BUILD) -ref $(IMAGE_REPO)/galactic-node:$(IMAGE_VERSION) \
 		-add $(IMAGE_DIR)/static/galactic-node=/usr/local/bin/galactic-node \
 		-add $(IMAGE_DIR)/static/galactic-tap=/usr/local/bin/galactic-tap \
 		-add deploy/node/seccomp/galactic-node.json=/etc/galactic/seccomp/galactic-node.json \
 		-entrypoint /usr/local/bin/galactic-node \
 		-out $(IMAGE_DIR)/galactic-node.oci.tar -digest-file $(IMAGE_DIR)/galactic-node.digest
-	$(IMAGE_BUILD) -ref $(IMAGE_REPO)/galactic-hubctl:$(VERSION) \
+	$(IMAGE_BUILD) -ref $(IMAGE_REPO)/galactic-hubctl:$(IMAGE_VERSION) \
 		-add $(IMAGE_DIR)/static/galactic-hubctl=/usr/local/bin/galactic-hubctl \
 		-entrypoint /usr/local/bin/galactic-hubctl -user 65532:65532 \
 		-out $(IMAGE_DIR)/galactic-hubctl.oci.tar -digest-file $(IMAGE_DIR)/galactic-hubctl.digest

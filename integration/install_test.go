@@ -427,3 +427,37 @@ func TestThePodsAskForNoServiceLinks(t *testing.T) {
 		}
 	}
 }
+
+// The digests deploy/base pins are the images this tree builds: `make
+// images` names an image by the last commit that changed its sources, so a
+// commit that only pins (make images pin-images) builds the same images it
+// names. Reads what `make images` wrote into bin/, as make test runs it
+// first. A tree whose image sources have uncommitted changes builds
+// -dirty images no pin can name: outside CI that is said and skipped.
+func TestThePinnedDigestsAreWhatThisTreeBuilds(t *testing.T) {
+	sources := []string{"go.mod", "go.sum", "Makefile", "cmd", "node", "ebpf", "admin", "hubctl", "internal", "hack/imagebuild",
+		"deploy/node/seccomp", ":(exclude,glob)**/*_test.go", ":(exclude,glob)**/testdata/**"}
+	if err := exec.Command("git", append([]string{"-C", "..", "diff", "--quiet", "HEAD", "--"}, sources...)...).Run(); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("the image sources differ from HEAD under CI (git diff: %v): the pinned digests cannot be checked", err)
+		}
+		t.Skip("the image sources have uncommitted changes: the images are -dirty, and no pin names them")
+	}
+	b, err := os.ReadFile("../deploy/base/kustomization.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, img := range []string{"galactic-node", "galactic-hubctl"} {
+		built, err := os.ReadFile("../bin/" + img + ".digest")
+		if err != nil {
+			t.Fatalf("%v: run make images (make test does)", err)
+		}
+		m := regexp.MustCompile(`name: ghcr\.io/datum-cloud/` + img + `\n\s+digest: (sha256:[0-9a-f]{64})`).FindSubmatch(b)
+		if m == nil {
+			t.Fatalf("deploy/base pins no digest for %s", img)
+		}
+		if got, want := string(m[1]), strings.TrimSpace(string(built)); got != want {
+			t.Errorf("deploy/base pins %s@%s, but this tree builds %s: make images pin-images, and commit the pin", img, got, want)
+		}
+	}
+}
