@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# usage: hack/gotool.sh PACKAGE VERSION CACHE
+# usage: hack/gotool.sh PACKAGE VERSION CACHE [BUILD_TAGS]
 # Builds the command PACKAGE@VERSION from the Go module proxy into
 # CACHE/VERSION, once per machine, and prints the binary's path. Tools the
 # tests and CI run (promtool, golangci-lint) are built this way, outside the
@@ -7,7 +7,7 @@
 # each on first use.
 set -euo pipefail
 
-pkg=$1 version=$2 cache=$3
+pkg=$1 version=$2 cache=$3 tags=${4:-}
 export PATH="$PATH:/usr/local/go/bin"
 name=$(basename "$pkg")
 out="$cache/$version"
@@ -21,6 +21,6 @@ mkdir -p "$out"
 # build never leaves a binary the check above would trust.
 tmp=$(mktemp -d "$cache/build.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
-GOBIN="$tmp" GOFLAGS=-mod=mod go install "$pkg@$version" >&2
+GOBIN="$tmp" GOFLAGS=-mod=mod go install -tags="$tags" "$pkg@$version" >&2
 mv "$tmp/$name" "$out/$name"
 echo "$out/$name"
