@@ -51,11 +51,11 @@ func runtimeDefault(t *testing.T, dir string) defaultNetwork {
 		list, err = libcni.ConfListFromFile(first)
 	} else {
 		var conf *libcni.NetworkConfig
-		if conf, err = libcni.ConfFromFile(first); err == nil {
+		if conf, err = libcni.ConfFromFile(first); err == nil { //nolint:staticcheck // single-plugin .conf files are what containerd's go-cni and Multus still read
 			if conf.Network.Type == "" {
 				t.Fatalf("%s: no network type", first)
 			}
-			list, err = libcni.ConfListFromConf(conf)
+			list, err = libcni.ConfListFromConf(conf) //nolint:staticcheck // single-plugin .conf files are what containerd's go-cni and Multus still read
 		}
 	}
 	if err != nil {
@@ -149,8 +149,8 @@ func multusConfByName(t *testing.T, dir, name string) defaultNetwork {
 			list, err = libcni.ConfListFromFile(f)
 		} else {
 			var conf *libcni.NetworkConfig
-			if conf, err = libcni.ConfFromFile(f); err == nil {
-				list, err = libcni.ConfListFromConf(conf)
+			if conf, err = libcni.ConfFromFile(f); err == nil { //nolint:staticcheck // single-plugin .conf files are what containerd's go-cni and Multus still read
+				list, err = libcni.ConfListFromConf(conf) //nolint:staticcheck // single-plugin .conf files are what containerd's go-cni and Multus still read
 			}
 		}
 		if err != nil {

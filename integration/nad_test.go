@@ -122,11 +122,11 @@ func multusDelegate(t *testing.T, config, name string) *libcni.NetworkConfigList
 	}
 	b, _ := json.Marshal(raw)
 	if typ, _ := raw["type"].(string); typ != "" {
-		conf, err := libcni.ConfFromBytes(b)
+		conf, err := libcni.ConfFromBytes(b) //nolint:staticcheck // single-plugin .conf files are what containerd's go-cni and Multus still read
 		if err != nil {
 			t.Fatalf("spec.config as one plugin: %v", err)
 		}
-		list, err := libcni.ConfListFromConf(conf)
+		list, err := libcni.ConfListFromConf(conf) //nolint:staticcheck // single-plugin .conf files are what containerd's go-cni and Multus still read
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -267,14 +267,14 @@ func defaultNetwork(dir string) (string, *libcni.NetworkConfigList, error) {
 		l, err := libcni.ConfListFromFile(first)
 		return first, l, err
 	}
-	conf, err := libcni.ConfFromFile(first)
+	conf, err := libcni.ConfFromFile(first) //nolint:staticcheck // single-plugin .conf files are what containerd's go-cni and Multus still read
 	if err != nil {
 		return first, nil, err
 	}
 	if conf.Network.Type == "" {
 		return first, nil, fmt.Errorf("%s: no network type", first)
 	}
-	l, err := libcni.ConfListFromConf(conf)
+	l, err := libcni.ConfListFromConf(conf) //nolint:staticcheck // single-plugin .conf files are what containerd's go-cni and Multus still read
 	return first, l, err
 }
 
