@@ -38,7 +38,7 @@ IMAGE_SOURCES     := go.mod go.sum Makefile cmd node ebpf admin hubctl internal 
 	':(exclude,glob)**/*_test.go' ':(exclude,glob)**/testdata/**'
 IMAGE_COMMIT      ?= $(shell git log -1 --format=%H -- $(IMAGE_SOURCES) 2>/dev/null || echo unknown)
 IMAGE_DIRTY       := $(shell git diff --quiet HEAD -- $(IMAGE_SOURCES) 2>/dev/null || echo -dirty)
-IMAGE_VERSION     ?= $(shell git describe --always $(IMAGE_COMMIT) 2>/dev/null || echo dev)$(IMAGE_DIRTY)
+IMAGE_VERSION     ?= $(shell git describe --always --abbrev=12 $(IMAGE_COMMIT) 2>/dev/null || echo dev)$(IMAGE_DIRTY)
 REVISION          ?= $(IMAGE_COMMIT)
 SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct $(IMAGE_COMMIT) 2>/dev/null || echo 0)
 STATIC_BUILD      := CGO_ENABLED=0 $(GO) build -trimpath -buildvcs=false

@@ -437,6 +437,11 @@ func TestThePodsAskForNoServiceLinks(t *testing.T) {
 func TestThePinnedDigestsAreWhatThisTreeBuilds(t *testing.T) {
 	sources := []string{"go.mod", "go.sum", "Makefile", "cmd", "node", "ebpf", "admin", "hubctl", "internal", "hack/imagebuild",
 		"deploy/node/seccomp", ":(exclude,glob)**/*_test.go", ":(exclude,glob)**/testdata/**"}
+	// A shallow clone has no history to find the images' commit in: it
+	// builds images named by the wrong one.
+	if out, _ := exec.Command("git", "-C", "..", "rev-parse", "--is-shallow-repository").Output(); strings.TrimSpace(string(out)) == "true" {
+		t.Skip("a shallow clone cannot name the last commit that changed the image sources")
+	}
 	if err := exec.Command("git", append([]string{"-C", "..", "diff", "--quiet", "HEAD", "--"}, sources...)...).Run(); err != nil {
 		if os.Getenv("CI") == "true" {
 			t.Fatalf("the image sources differ from HEAD under CI (git diff: %v): the pinned digests cannot be checked", err)
