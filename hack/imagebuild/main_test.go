@@ -124,7 +124,7 @@ func TestMakeImages(t *testing.T) {
 func makeImages(t *testing.T, root, dir string) {
 	t.Helper()
 	cmd := exec.CommandContext(t.Context(), "make", "-C", root, "--no-print-directory", "images",
-		"IMAGE_DIR="+dir, "VERSION="+testVersion)
+		"IMAGE_DIR="+dir, "IMAGE_VERSION="+testVersion)
 	// A make running this test must not lend its flags or jobserver to
 	// this one.
 	cmd.Env = slices.DeleteFunc(os.Environ(), func(kv string) bool {
