@@ -299,13 +299,7 @@ func BenchmarkLibcniAddDelAt(b *testing.B) {
 			if got := peer.reservations(b); got != existing {
 				b.Fatalf("host-local holds %d reservations, want %d", got, existing)
 			}
-			per := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / float64(iters) }
-			b.ReportMetric(per(add), "add-ns")
-			b.ReportMetric(per(del), "del-ns")
-			b.ReportMetric(per(peerAdd), "bridge-add-ns")
-			b.ReportMetric(per(peerDel), "bridge-del-ns")
-			b.ReportMetric(per(add)/per(peerAdd), "add-x-of-bridge")
-			b.ReportMetric(per(del)/per(peerDel), "del-x-of-bridge")
+			reportAddDel(b, iters, add, del, peerAdd, peerDel)
 		})
 	}
 }

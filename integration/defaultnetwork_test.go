@@ -163,25 +163,31 @@ func multusConfByName(t *testing.T, dir, name string) defaultNetwork {
 	return defaultNetwork{}
 }
 
-// olderConflist is what an older install-cni left in the runtime's folder:
-// deploy/node/10-galactic.conflist as its ConfigMap shipped it, up to
-// 9d7a55f, copied byte for byte.
-const olderConflist = `{
-  "cniVersion": "1.1.0",
-  "name": "galactic",
-  "plugins": [
-    {
-      "type": "galactic-tap",
-      "master": "vrf",
-      "table": 1000,
-      "policy": {"defaultAction": "allow"},
-      "bpffs": "/sys/fs/bpf",
-      "vrfLockDir": "/run/galactic/vrf",
-      "dataDir": "/var/lib/cni/galactic-tap"
-    }
-  ]
+// hostCNIFolders makes a host's CNI configuration and plugin folders, the
+// first holding system's files from testdata/net.d (none for "").
+func hostCNIFolders(t *testing.T, system string) (netd, bin string) {
+	t.Helper()
+	host := t.TempDir()
+	netd, bin = filepath.Join(host, "etc/cni/net.d"), filepath.Join(host, "opt/cni/bin")
+	if err := os.MkdirAll(netd, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if system != "" {
+		copyTree(t, filepath.Join("testdata/net.d", system), netd)
+	}
+	return netd, bin
 }
-`
+
+// olderConflist is what an older install-cni left in the runtime's folder
+// (node/cniinstall's test data, byte for byte what deploy/ shipped up to
+// 9d7a55f).
+var olderConflist = func() string {
+	b, err := os.ReadFile("../node/cniinstall/testdata/older-10-galactic.conflist")
+	if err != nil {
+		panic(err)
+	}
+	return string(b)
+}()
 
 // installCNI runs the built galactic-node install-cni as the DaemonSet's
 // init container runs it, the network's conflist the one deploy/ ships,
@@ -212,14 +218,7 @@ func TestInstallCNIKeepsTheRuntimesDefaultNetwork(t *testing.T) {
 			name = "empty folder at bootstrap"
 		}
 		t.Run(name, func(t *testing.T) {
-			host := t.TempDir()
-			netd, bin := filepath.Join(host, "etc/cni/net.d"), filepath.Join(host, "opt/cni/bin")
-			if err := os.MkdirAll(netd, 0o755); err != nil {
-				t.Fatal(err)
-			}
-			if system != "" {
-				copyTree(t, filepath.Join("testdata/net.d", system), netd)
-			}
+			netd, bin := hostCNIFolders(t, system)
 			before, beforeTree := runtimeDefault(t, netd), tree(t, netd)
 			for run := 1; run <= 2; run++ {
 				log, err := installCNI(t, bin, netd)
@@ -255,14 +254,7 @@ func TestInstallCNIKeepsTheRuntimesDefaultNetwork(t *testing.T) {
 			name = "alone"
 		}
 		t.Run("upgrade over an older install, "+name, func(t *testing.T) {
-			host := t.TempDir()
-			netd, bin := filepath.Join(host, "etc/cni/net.d"), filepath.Join(host, "opt/cni/bin")
-			if err := os.MkdirAll(netd, 0o755); err != nil {
-				t.Fatal(err)
-			}
-			if system != "" {
-				copyTree(t, filepath.Join("testdata/net.d", system), netd)
-			}
+			netd, bin := hostCNIFolders(t, system)
 			want, wantTree := runtimeDefault(t, netd), tree(t, netd)
 			if err := os.WriteFile(filepath.Join(netd, "10-galactic.conflist"), []byte(olderConflist), 0o644); err != nil {
 				t.Fatal(err)
@@ -291,9 +283,8 @@ func TestInstallCNIKeepsTheRuntimesDefaultNetwork(t *testing.T) {
 	// Asked for Multus' folder, the conflist goes there, where Multus
 	// finds a network by name, and the runtime's default is untouched.
 	t.Run("Multus' folder", func(t *testing.T) {
-		host := t.TempDir()
-		netd, bin, multus := filepath.Join(host, "etc/cni/net.d"), filepath.Join(host, "opt/cni/bin"), filepath.Join(host, "etc/cni/multus/net.d")
-		copyTree(t, "testdata/net.d/multus", netd)
+		netd, bin := hostCNIFolders(t, "multus")
+		multus := filepath.Join(filepath.Dir(netd), "multus/net.d")
 		before, beforeTree := runtimeDefault(t, netd), tree(t, netd)
 		log, err := installCNI(t, bin, netd, "--multus-conf-dir", multus)
 		if err != nil {

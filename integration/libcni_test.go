@@ -386,7 +386,13 @@ func BenchmarkLibcniAddDel(b *testing.B) {
 		b.StartTimer()
 	}
 	b.StopTimer()
-	per := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / float64(b.N) }
+	reportAddDel(b, b.N, add, del, peerAdd, peerDel)
+}
+
+// reportAddDel reports ADD and DEL per iteration, galactic's and the
+// bridge peer's, and each verb's ratio to the peer's.
+func reportAddDel(b *testing.B, iters int, add, del, peerAdd, peerDel time.Duration) {
+	per := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / float64(iters) }
 	b.ReportMetric(per(add), "add-ns")
 	b.ReportMetric(per(del), "del-ns")
 	b.ReportMetric(per(peerAdd), "bridge-add-ns")

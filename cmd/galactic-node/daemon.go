@@ -39,6 +39,7 @@ import (
 	"github.com/datum-cloud/galactic-node/node/nodeview"
 	"github.com/datum-cloud/galactic-node/node/reclaim"
 	"github.com/datum-cloud/galactic-node/node/reclaim/reclaimmetrics"
+	"github.com/datum-cloud/galactic-node/node/teardown"
 	"github.com/datum-cloud/galactic-node/node/tun/holder"
 	"github.com/datum-cloud/galactic-node/node/vrf"
 )
@@ -422,7 +423,7 @@ func runDaemon(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 
 // collectRecords removes, at start and after each pass, the CNI records
 // that no longer speak for a tap (cnitap.CollectRecords).
-func collectRecords(ctx context.Context, dataDir string, links cnitap.LinkGetter, locks cnitap.VPCLocker, passDone <-chan struct{}, log *slog.Logger) {
+func collectRecords(ctx context.Context, dataDir string, links cnitap.Links, locks teardown.Locker, passDone <-chan struct{}, log *slog.Logger) {
 	log = log.With("component", "cni-records")
 	for {
 		done, err := cnitap.CollectRecords(ctx, dataDir, links, locks, 10*time.Second, log)

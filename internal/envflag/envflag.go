@@ -60,7 +60,7 @@ func Unknown(environ []string, known map[string]bool) error {
 	var bad []string
 	for _, kv := range environ {
 		name, value, _ := strings.Cut(kv, "=")
-		if !strings.HasPrefix(name, Prefix) || known[name] || ServiceLink(name, value) {
+		if !strings.HasPrefix(name, Prefix) || known[name] || serviceLink(name, value) {
 			continue
 		}
 		if near := closest(name, known); near != "" {
@@ -85,12 +85,12 @@ var (
 	serviceLinkURL  = regexp.MustCompile(`^(tcp|udp|sctp)://`)
 )
 
-// ServiceLink reports whether name=value is a variable the kubelet injects
+// serviceLink reports whether name=value is a variable the kubelet injects
 // for a Service of the pod's namespace (unless the pod sets
 // enableServiceLinks: false): a Service named galactic-… becomes
 // GALACTIC_…_SERVICE_HOST and the like, which no flag owns and no operator
 // wrote, so refusing it would crash-loop the pod over its neighbours.
-func ServiceLink(name, value string) bool {
+func serviceLink(name, value string) bool {
 	if serviceLinkName.MatchString(name) {
 		return true
 	}

@@ -16,23 +16,16 @@ const kindnet = `{"cniVersion": "0.3.1", "name": "kindnet", "plugins": [{"type":
 
 // olderConflist is the conflist deploy/ shipped, and install-cni put into
 // the runtime's configuration folder, before the plugin alone was the
-// default.
-const olderConflist = `{
-  "cniVersion": "1.1.0",
-  "name": "galactic",
-  "plugins": [
-    {
-      "type": "galactic-tap",
-      "master": "vrf",
-      "table": 1000,
-      "policy": {"defaultAction": "allow"},
-      "bpffs": "/sys/fs/bpf",
-      "vrfLockDir": "/run/galactic/vrf",
-      "dataDir": "/var/lib/cni/galactic-tap"
-    }
-  ]
+// default: deploy/node/10-galactic.conflist up to 9d7a55f, byte for byte.
+var olderConflist = mustReadFile("testdata/older-10-galactic.conflist")
+
+func mustReadFile(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		panic(err)
+	}
+	return string(b)
 }
-`
 
 // plainEnv is an env with the default install's configuration: no Multus
 // folder, nothing asked of the runtime's folder.

@@ -12,16 +12,13 @@ import (
 
 	"github.com/datum-cloud/galactic-node/node/identity"
 	"github.com/datum-cloud/galactic-node/node/link"
+	"github.com/datum-cloud/galactic-node/node/teardown"
 )
 
-// LinkGetter reads one link by name; *link.Conn implements it.
-type LinkGetter interface {
+// Links reads this namespace's links; *link.Conn implements it.
+type Links interface {
+	Links(ctx context.Context) ([]link.Link, error)
 	GetByName(ctx context.Context, name string) (link.Link, error)
-}
-
-// VPCLocker takes a VPC's VRF lock; *vrf.Locker implements it.
-type VPCLocker interface {
-	Lock(ctx context.Context, vpc identity.VPC) (unlock func(), err error)
 }
 
 // Collected is one record the collector removed, and why.
@@ -35,18 +32,28 @@ type Collected struct {
 // container has since stamped it. A network's own GC does this for its
 // records, but a network whose config was removed (a deleted
 // NetworkAttachmentDefinition) never sees a GC again, so the node daemon
-// runs this. Each record is judged under its VPC's lock, which ADD holds
+// runs this. One link dump finds the records that look stale, so a round
+// over live records takes no lock; each of those is judged again under its
+// VPC's lock, which ADD holds
 // from creating the tap to writing the record, so a record found stale
 // there cannot be one an ADD is about to make true. A record that does not
 // parse or does not name a tap is left for its network's GC and DEL, which
 // move it aside. A missing dataDir is no error: nothing was ever recorded.
-func CollectRecords(ctx context.Context, dataDir string, links LinkGetter, locks VPCLocker, lockTimeout time.Duration, log *slog.Logger) ([]Collected, error) {
+func CollectRecords(ctx context.Context, dataDir string, links Links, locks teardown.Locker, lockTimeout time.Duration, log *slog.Logger) ([]Collected, error) {
 	networks, err := os.ReadDir(dataDir)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("collect records: %w", err)
+	}
+	dump, err := links.Links(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("collect records: %w", err)
+	}
+	byName := make(map[string]link.Link, len(dump))
+	for _, l := range dump {
+		byName[l.Name] = l
 	}
 	var done []Collected
 	var errs []error
@@ -63,6 +70,9 @@ func CollectRecords(ctx context.Context, dataDir string, links LinkGetter, locks
 			continue
 		}
 		for _, r := range records {
+			if l, ok := byName[r.Tap]; staleWhy(l, ok, r) == "" {
+				continue
+			}
 			if err := ctx.Err(); err != nil {
 				return done, errors.Join(append(errs, err)...)
 			}
@@ -84,7 +94,7 @@ func CollectRecords(ctx context.Context, dataDir string, links LinkGetter, locks
 	return done, errors.Join(errs...)
 }
 
-func collectOne(ctx context.Context, dataDir, network string, r record, links LinkGetter, locks VPCLocker, lockTimeout time.Duration) (*Collected, error) {
+func collectOne(ctx context.Context, dataDir, network string, r record, links Links, locks teardown.Locker, lockTimeout time.Duration) (*Collected, error) {
 	id, err := identity.ParseTapName(r.Tap)
 	if err != nil {
 		return nil, nil // not a tap this plugin names; its network's DEL and GC judge it
@@ -101,20 +111,28 @@ func collectOne(ctx context.Context, dataDir, network string, r record, links Li
 	if err != nil || now != r {
 		return nil, err
 	}
-	var why string
 	l, err := links.GetByName(ctx, r.Tap)
-	switch {
-	case errors.Is(err, link.ErrLinkGone):
-		why = "tap gone"
-	case err != nil:
+	if err != nil && !errors.Is(err, link.ErrLinkGone) {
 		return nil, fmt.Errorf("collect record %s/%s: %w", network, r.Tap, err)
-	case l.Alias != "" && l.Alias != r.ContainerID:
-		why = "tap stamped by container " + l.Alias
-	default:
+	}
+	why := staleWhy(l, err == nil, r)
+	if why == "" {
 		return nil, nil
 	}
 	if err := removeRecord(dataDir, network, r.Tap); err != nil {
 		return nil, fmt.Errorf("collect record %s/%s: %w", network, r.Tap, err)
 	}
 	return &Collected{Network: network, Tap: r.Tap, ContainerID: r.ContainerID, Why: why}, nil
+}
+
+// staleWhy says why r no longer speaks for its tap l (found false: there is
+// none), or "" while it does.
+func staleWhy(l link.Link, found bool, r record) string {
+	switch {
+	case !found:
+		return "tap gone"
+	case l.Alias != "" && l.Alias != r.ContainerID:
+		return "tap stamped by container " + l.Alias
+	}
+	return ""
 }

@@ -43,8 +43,8 @@ func TestMain(m *testing.M) {
 // and releases it at once.
 func helper(mode, dir string) int {
 	switch mode {
-	case "":
-		return holdLockUntilStdinCloses(dir)
+	case "", "wait":
+		return lockWithLocker(mode, dir)
 	case "oldflock", "oldtry":
 		vpc, _ := strconv.ParseUint(os.Getenv(helperVPCEnv), 10, 64)
 		f, err := os.OpenFile(lockPath(dir, identity.VPC(vpc)), os.O_RDWR|os.O_CREATE, 0o600)
@@ -68,26 +68,6 @@ func helper(mode, dir string) int {
 		_, _ = os.Stdout.WriteString("locked\n")
 		_, _ = bufio.NewReader(os.Stdin).ReadString('\n')
 		return 0
-	case "wait":
-		vpc, _ := strconv.ParseUint(os.Getenv(helperVPCEnv), 10, 64)
-		l, err := NewLocker(dir)
-		if err != nil {
-			return 2
-		}
-		unlock, err := l.Lock(context.Background(), identity.VPC(vpc))
-		if err != nil {
-			return 3
-		}
-		defer unlock()
-		log, err := os.OpenFile(os.Getenv(helperLogEnv), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
-		if err != nil {
-			return 4
-		}
-		defer log.Close()
-		if _, err := log.WriteString(os.Getenv(helperNameEnv) + "\n"); err != nil {
-			return 5
-		}
-		return 0
 	}
 	return 1
 }
@@ -104,7 +84,10 @@ func helperCommand(mode, dir string, vpc identity.VPC, env ...string) *exec.Cmd 
 	return cmd
 }
 
-func holdLockUntilStdinCloses(dir string) int {
+// lockWithLocker takes the lock with Lock, then holds it until stdin
+// closes (hold, mode "") or appends its name to the log file and releases
+// it at once (wait).
+func lockWithLocker(mode, dir string) int {
 	vpc, _ := strconv.ParseUint(os.Getenv(helperVPCEnv), 10, 64)
 	l, err := NewLocker(dir)
 	if err != nil {
@@ -114,9 +97,20 @@ func holdLockUntilStdinCloses(dir string) int {
 	if err != nil {
 		return 3
 	}
-	_, _ = os.Stdout.WriteString("locked\n")
-	_, _ = bufio.NewReader(os.Stdin).ReadString('\n')
-	unlock()
+	defer unlock()
+	if mode == "" {
+		_, _ = os.Stdout.WriteString("locked\n")
+		_, _ = bufio.NewReader(os.Stdin).ReadString('\n')
+		return 0
+	}
+	log, err := os.OpenFile(os.Getenv(helperLogEnv), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	if err != nil {
+		return 4
+	}
+	defer log.Close()
+	if _, err := log.WriteString(os.Getenv(helperNameEnv) + "\n"); err != nil {
+		return 5
+	}
 	return 0
 }
 
