@@ -10,9 +10,11 @@ GO              ?= go
 # issue 75804, fixed in go1.27).
 FUZZTIME        ?= 300000x
 PKGS            := ./...
+# e2e runs on a node of its own (make e2e), after the rest.
+TESTPKGS        = $(shell $(GO) list ./... | grep -v /e2e$$)
 VERSION         ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: demo all build images pin-images test test-unit test-privileged testbin fuzz bench bench-fleet lint fmt-check vet generate
+.PHONY: demo all build images pin-images test test-unit test-privileged testbin e2e e2ebin fuzz bench bench-fleet lint fmt-check vet generate
 
 all: build
 
@@ -76,17 +78,29 @@ pin-images:
 demo: build
 	hack/demo.sh
 
-test: fmt-check vet alert-test test-privileged fuzz
+test: fmt-check vet alert-test test-privileged fuzz e2e
 
 # The real kube-apiserver and etcd, built once per machine (hack/testbin.sh).
 testbin:
 	@hack/testbin.sh >/dev/null
 
+# A real one-node cluster in namespaces of its own (e2e/, docs/e2e.md):
+# kubelet, kube-controller-manager, kube-scheduler, containerd, the
+# reference CNI plugins and Multus, built once per machine
+# (hack/e2ebin.sh), with the testbin's kube-apiserver and etcd and the
+# images `make images` builds.
+e2ebin:
+	@hack/e2ebin.sh >/dev/null
+
+e2e: testbin e2ebin images
+	@if [ "$$(id -u)" != 0 ]; then echo "make e2e runs a kubelet and containerd: run it as root"; exit 1; fi
+	GALACTICTEST_E2EBIN=$$(hack/e2ebin.sh) KUBEBUILDER_ASSETS=$$(hack/testbin.sh) $(GO) test -count=1 -timeout 30m -v ./e2e
+
 # The container tests (integration/container_test.go) run the images
 # `make images` writes, in podman.
 test-privileged: testbin images
 	@if [ "$$(id -u)" != 0 ]; then echo "make test runs privileged tests: run it as root (sudo make test), or use make test-unit"; exit 1; fi
-	KUBEBUILDER_ASSETS=$$(hack/testbin.sh) $(GO) test -race -count=1 -timeout 30m $(PKGS)
+	KUBEBUILDER_ASSETS=$$(hack/testbin.sh) $(GO) test -race -count=1 -timeout 30m $(TESTPKGS)
 
 # The alert rules' unit tests (deploy/alerts/tests), run by promtool at the
 # Prometheus version go.mod requires, built once per machine (hack/promtool.sh).
@@ -101,7 +115,7 @@ monitoring:
 	hack/monitoring.sh
 
 test-unit:
-	GALACTICTEST_SKIP_PRIVILEGED=1 $(GO) test -count=1 $(PKGS)
+	GALACTICTEST_SKIP_PRIVILEGED=1 $(GO) test -count=1 $(TESTPKGS)
 
 # Each fuzz target runs a bounded number of executions on top of its
 # committed corpus (testdata/fuzz). FUZZTARGETS: "<target> <package> <execs>".

@@ -1,0 +1,232 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// The test's own image: the sandbox ("pause") image of every pod, and the
+// workload of the ordinary pods (testdata/pod).
+const podImage = "galactic.test/e2e-pod:1"
+
+var (
+	nodeOnce sync.Once
+	shared   *node
+	nodeErr  error
+	// scenarioFailed stops the scenarios after one fails: each runs on the
+	// state the one before left.
+	scenarioFailed bool
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if shared != nil {
+		shared.stop(func(format string, args ...any) { fmt.Fprintf(os.Stderr, format+"\n", args...) })
+	}
+	os.Exit(code)
+}
+
+// theNode returns the package's node, starting it on first use. Without
+// the binaries, root or the images it skips, saying how to get them, except
+// under CI=true, where it fails.
+func theNode(t *testing.T) *node {
+	t.Helper()
+	bins, testbin := os.Getenv("GALACTICTEST_E2EBIN"), os.Getenv("KUBEBUILDER_ASSETS")
+	var missing string
+	switch {
+	case os.Geteuid() != 0:
+		missing = "root"
+	case bins == "" || testbin == "":
+		missing = "GALACTICTEST_E2EBIN=$(hack/e2ebin.sh) and KUBEBUILDER_ASSETS=$(hack/testbin.sh)"
+	case !exists(filepath.Join(repoRoot(), "bin", "galactic-node.oci.tar")):
+		missing = "the images (make images)"
+	}
+	if missing != "" {
+		msg := "the e2e node needs " + missing + ": run `make e2e`"
+		if os.Getenv("CI") == "true" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	nodeOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+		defer cancel()
+		start := time.Now()
+		shared, nodeErr = startNode(ctx, t.Logf, bins, testbin)
+		if nodeErr == nil {
+			nodeErr = shared.loadImages(t)
+		}
+		if nodeErr == nil {
+			t.Logf("node: ready with its images in %s", time.Since(start).Round(time.Second))
+		}
+	})
+	if scenarioFailed {
+		t.Fatal("an earlier scenario failed: this one runs on the state it leaves")
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			scenarioFailed = true
+		}
+	})
+	if nodeErr != nil {
+		if shared != nil {
+			for _, name := range []string{"kubelet", "containerd", "kube-apiserver"} {
+				t.Logf("%s's log ends:\n%s", name, shared.logTail(name, 40))
+			}
+		}
+		t.Fatal(nodeErr)
+	}
+	return shared
+}
+
+func exists(p string) bool { _, err := os.Stat(p); return err == nil }
+
+func repoRoot() string {
+	wd, _ := os.Getwd()
+	return filepath.Dir(wd)
+}
+
+// loadImages imports into containerd the images `make images` wrote, under
+// the digests deploy/base pins, and the test's pod image.
+func (n *node) loadImages(t *testing.T) error {
+	if err := n.buildPodImage(); err != nil {
+		return err
+	}
+	for _, name := range []string{"galactic-node", "galactic-hubctl"} {
+		if err := n.importImage(filepath.Join(repoRoot(), "bin", name+".oci.tar"), "ghcr.io/datum-cloud/"+name, filepath.Join(repoRoot(), "bin", name+".digest")); err != nil {
+			return err
+		}
+	}
+	return n.importImage(filepath.Join(n.dir, "pod.oci.tar"), strings.TrimSuffix(podImage, ":1"), "")
+}
+
+// importImage imports an OCI archive and names its image repo@digest too,
+// the name a digest-pinned pod asks the runtime for.
+func (n *node) importImage(archive, repo, digestFile string) error {
+	out, err := n.ctr("images", "import", "--local", archive)
+	if err != nil {
+		return err
+	}
+	if digestFile == "" {
+		return nil
+	}
+	digest, err := os.ReadFile(digestFile)
+	if err != nil {
+		return err
+	}
+	list, err := n.ctr("images", "list", "--quiet")
+	if err != nil {
+		return err
+	}
+	var tagged string
+	for name := range strings.FieldsSeq(list) {
+		if strings.HasPrefix(name, repo+":") {
+			tagged = name
+		}
+	}
+	if tagged == "" {
+		return fmt.Errorf("import %s: no %s image after it: %s", archive, repo, out)
+	}
+	_, err = n.ctr("images", "tag", "--force", tagged, repo+"@"+strings.TrimSpace(string(digest)))
+	return err
+}
+
+func (n *node) buildPodImage() error {
+	bin := filepath.Join(n.dir, "pod")
+	build := exec.Command("go", "build", "-o", bin, "./e2e/testdata/pod")
+	build.Dir, build.Env = repoRoot(), append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		return fmt.Errorf("build the pod program: %w: %s", err, out)
+	}
+	image := exec.Command("go", "run", "./hack/imagebuild", "-ref", podImage, "-add", bin+"=/pod",
+		"-entrypoint", "/pod", "-epoch", "1700000000", "-out", filepath.Join(n.dir, "pod.oci.tar"),
+		"-digest-file", filepath.Join(n.dir, "pod.digest"))
+	image.Dir = repoRoot()
+	if out, err := image.CombinedOutput(); err != nil {
+		return fmt.Errorf("build the pod image: %w: %s", err, out)
+	}
+	return nil
+}
+
+// kubectl runs the testbin's kubectl as cluster-admin from inside the
+// node's network namespace, in the repository's folder.
+func (n *node) kubectl(t *testing.T, args ...string) string {
+	t.Helper()
+	out, err := n.kubectlErr(args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func (n *node) kubectlErr(args ...string) (string, error) {
+	return n.shell("kubectl " + shellQuote(args))
+}
+
+// shell runs a bash script as an operator at a shell with kubectl would:
+// in the node's network namespace, in the repository's folder.
+func (n *node) shell(script string) (string, error) {
+	cmd := exec.Command("nsenter", "--net=/run/netns/"+n.netns, "bash", "-euo", "pipefail", "-c", script)
+	cmd.Dir = repoRoot()
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+n.admin, "PATH="+n.testbin+":"+os.Getenv("PATH"))
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil {
+		return out.String(), fmt.Errorf("$ %s: %w\n%s", script, err, out.String())
+	}
+	return out.String(), nil
+}
+
+func shellQuote(args []string) string {
+	q := make([]string, len(args))
+	for i, a := range args {
+		q[i] = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
+	}
+	return strings.Join(q, " ")
+}
+
+// waitPod waits until the pod is Running and Ready.
+func (n *node) waitPod(t *testing.T, namespace, name string, timeout time.Duration) *corev1.Pod {
+	t.Helper()
+	ctx := context.Background()
+	var pod *corev1.Pod
+	err := n.waitFor(ctx, "pod "+namespace+"/"+name+" Ready", timeout, func() (bool, error) {
+		var err error
+		pod, err = n.client.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, nil //nolint:nilerr // not there yet: poll again
+		}
+		for _, c := range pod.Status.Conditions {
+			if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		n.describe(t, namespace, name)
+		t.Fatal(err)
+	}
+	return pod
+}
+
+// describe logs what an operator would look at for a pod that is not
+// what it should be.
+func (n *node) describe(t *testing.T, namespace, name string) {
+	t.Helper()
+	out, _ := n.kubectlErr("-n", namespace, "describe", "pod", name)
+	t.Logf("kubectl describe pod %s/%s:\n%s", namespace, name, out)
+	t.Logf("kubelet's log ends:\n%s", n.logTail("kubelet", 30))
+	t.Logf("containerd's log ends:\n%s", n.logTail("containerd", 30))
+}

@@ -1,0 +1,774 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/util/retry"
+
+	"github.com/datum-cloud/galactic-node/hubctl"
+)
+
+// The scenarios run in this file's order on one node, each on the state the
+// one before left: the install, then pods on galactic's network, the
+// reclaim enabled, an upgrade, the hub, and the uninstall.
+
+const tenantNS = "tenant"
+
+var attachmentResource = schema.GroupVersionResource{Group: "cloud.datumapis.com", Version: "v1alpha1", Resource: "vpcattachments"}
+
+// The docs' install steps, run as written with the images `make images`
+// built, leave the DaemonSet and hubctl Ready with clean logs, and the
+// pods the node ran before keep their network.
+func TestTheDocsInstallRunsOnARealNode(t *testing.T) {
+	n := theNode(t)
+	before := n.ordinaryPod(t, "before-install")
+
+	// What the platform and the other systems provide before galactic is
+	// installed: the platform namespace, the fabric's, the network API's
+	// and the address service's CRDs, and Multus' NetworkAttachmentDefinition.
+	n.kubectl(t, "create", "namespace", "platform")
+	n.kubectl(t, "apply", "-k", "deploy/crds")
+	n.kubectl(t, "apply", "-f", n.multusCRD(t))
+	n.kubectl(t, "create", "namespace", tenantNS)
+
+	for i, step := range installSteps(t) {
+		out, err := n.shell(step)
+		if err != nil {
+			t.Fatalf("install step %d: %v", i+1, err)
+		}
+		t.Logf("install step %d:\n$ %s\n%s", i+1, step, out)
+	}
+	n.waitRollout(t, "daemonset/galactic-node")
+	n.waitRollout(t, "deployment/galactic-hubctl")
+	n.logsAreClean(t)
+
+	if got := n.answer(t, before); got != "before-install" {
+		t.Fatalf("the pod that ran before the install answers %q", got)
+	}
+	n.ordinaryPodRoundTrip(t, "after-install")
+	n.deleteOrdinaryPod(t, before)
+}
+
+// A pod naming the shipped NetworkAttachmentDefinition with an attachment
+// identity gets a tap stamped with its sandbox and identity, with its eBPF
+// rows; deleting the pod removes both.
+func TestAPodOnGalacticsNetworkGetsItsTapAndLosesItOnDelete(t *testing.T) {
+	n := theNode(t)
+	n.applyNetworkDefinition(t)
+	n.attachment(t, "att-3", "a", "3")
+	pod := n.galacticPod(t, "vm-3", "a", "3")
+	tap := n.tapOf(t, "a", "3")
+	if sandbox := n.sandboxOf(t, pod); tap.Owner != sandbox {
+		t.Fatalf("tap %s is stamped %q, want its pod's sandbox %s", tap.Name, tap.Owner, sandbox)
+	}
+	rows := n.rows(t, tap.Ifindex)
+	if len(rows) == 0 {
+		t.Fatalf("tap %s (ifindex %d) has no eBPF rows", tap.Name, tap.Ifindex)
+	}
+	t.Logf("tap %s ifindex %d owner %s, rows:\n%s", tap.Name, tap.Ifindex, tap.Owner, rows)
+
+	n.deletePod(t, tenantNS, "vm-3")
+	n.waitNoTap(t, tap, 2*time.Minute)
+	if rows := n.rows(t, tap.Ifindex); len(rows) != 0 {
+		t.Fatalf("tap %s is gone but its rows stay: %s", tap.Name, rows)
+	}
+}
+
+// ordinaryPod starts a pod on the primary network only and returns its
+// address once it answers there.
+func (n *node) ordinaryPod(t *testing.T, name string) string {
+	t.Helper()
+	n.kubectl(t, "run", name, "--image", podImage, "--image-pull-policy", "Never", "--command", "--", "/pod", "serve")
+	pod := n.waitPod(t, "default", name, 3*time.Minute)
+	if got := n.answer(t, pod.Status.PodIP); got != name {
+		t.Fatalf("pod %s answers %q on %s", name, got, pod.Status.PodIP)
+	}
+	return pod.Status.PodIP
+}
+
+// ordinaryPodRoundTrip starts a pod on the primary network, and deletes it
+// again, checking that its own plugin's DEL gave its address back.
+func (n *node) ordinaryPodRoundTrip(t *testing.T, name string) {
+	t.Helper()
+	n.deleteOrdinaryPod(t, n.ordinaryPod(t, name))
+}
+
+// deleteOrdinaryPod deletes the pod at ip and waits until host-local, the
+// primary network's IPAM, holds no lease for it: the bridge's DEL ran.
+func (n *node) deleteOrdinaryPod(t *testing.T, ip string) {
+	t.Helper()
+	pods, err := n.client.CoreV1().Pods("default").List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range pods.Items {
+		if p.Status.PodIP == ip {
+			n.deletePod(t, "default", p.Name)
+		}
+	}
+	lease := n.root(filepath.Join("/var/lib/cni/networks", podNet, ip))
+	err = n.waitFor(context.Background(), "the lease of "+ip+" to go", time.Minute, func() (bool, error) {
+		return !exists(lease), nil
+	})
+	if err != nil {
+		t.Fatalf("%v: the primary network's DEL did not run", err)
+	}
+}
+
+func (n *node) deletePod(t *testing.T, namespace, name string) {
+	t.Helper()
+	ctx := context.Background()
+	if err := n.client.CoreV1().Pods(namespace).Delete(ctx, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		t.Fatal(err)
+	}
+	err := n.waitFor(ctx, "pod "+namespace+"/"+name+" to go", 2*time.Minute, func() (bool, error) {
+		_, err := n.client.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
+		return apierrors.IsNotFound(err), nil
+	})
+	if err != nil {
+		n.describe(t, namespace, name)
+		t.Fatal(err)
+	}
+}
+
+// answer reads what the pod at ip says on :8080.
+func (n *node) answer(t *testing.T, ip string) string {
+	t.Helper()
+	// Ready means started: the pod may not listen yet.
+	var conn net.Conn
+	err := n.waitFor(context.Background(), "pod "+ip+" to answer", 30*time.Second, func() (bool, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		var err error
+		conn, err = n.dial(ctx, "tcp", ip+":8080")
+		return err == nil, nil
+	})
+	if err != nil {
+		t.Fatalf("dial pod %s: %v", ip, err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	b, err := io.ReadAll(conn)
+	if err != nil {
+		t.Fatalf("read pod %s: %v", ip, err)
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// multusCRD writes Multus' NetworkAttachmentDefinition CRD, the first
+// document of its DaemonSet manifest, to a file for kubectl.
+func (n *node) multusCRD(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(n.bins, "multus-daemonset.yml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for doc := range strings.SplitSeq(string(b), "\n---") {
+		if strings.Contains(doc, "kind: CustomResourceDefinition") {
+			file := filepath.Join(n.dir, "nad-crd.yaml")
+			if err := os.WriteFile(file, []byte(doc), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			return file
+		}
+	}
+	t.Fatal("no CRD in Multus' manifest")
+	return ""
+}
+
+// installSteps returns the sh blocks of docs/operations.md's Install
+// section, in order.
+func installSteps(t *testing.T) []string {
+	t.Helper()
+	doc, err := os.ReadFile(filepath.Join(repoRoot(), "docs", "operations.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, ok := strings.Cut(string(doc), "\n## Install\n")
+	if !ok {
+		t.Fatal("docs/operations.md has no Install section")
+	}
+	if i := strings.Index(section, "\n## "); i >= 0 {
+		section = section[:i]
+	}
+	var steps []string
+	for _, m := range regexp.MustCompile("(?s)```sh\n(.*?)\n\\s*```").FindAllStringSubmatch(section, -1) {
+		steps = append(steps, m[1])
+	}
+	if len(steps) == 0 {
+		t.Fatal("the Install section has no sh block")
+	}
+	return steps
+}
+
+func (n *node) waitRollout(t *testing.T, what string) {
+	t.Helper()
+	if out, err := n.kubectlErr("-n", "galactic-system", "rollout", "status", what, "--timeout=5m"); err != nil {
+		pods, _ := n.kubectlErr("-n", "galactic-system", "get", "pods", "-o", "wide")
+		desc, _ := n.kubectlErr("-n", "galactic-system", "describe", "pods")
+		t.Fatalf("rollout of %s: %v\n%s\n%s\n%s", what, err, out, pods, desc)
+	}
+}
+
+// logsAreClean fails t on any error-level line in the logs of galactic's
+// containers.
+func (n *node) logsAreClean(t *testing.T) {
+	t.Helper()
+	pods, err := n.client.CoreV1().Pods("galactic-system").List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range pods.Items {
+		var containers []corev1.Container
+		containers = append(containers, p.Spec.InitContainers...)
+		containers = append(containers, p.Spec.Containers...)
+		for _, c := range containers {
+			out := n.kubectl(t, "-n", "galactic-system", "logs", p.Name, "-c", c.Name)
+			for line := range strings.SplitSeq(out, "\n") {
+				if strings.Contains(line, `"level":"ERROR"`) || strings.Contains(line, "level=ERROR") {
+					t.Errorf("%s/%s logs an error: %s", p.Name, c.Name, line)
+				}
+			}
+			t.Logf("%s/%s: %d log lines", p.Name, c.Name, strings.Count(out, "\n"))
+		}
+	}
+}
+
+// applyNetworkDefinition applies the shipped NetworkAttachmentDefinition,
+// with the bridge standing in for the VRF this kernel lacks.
+func (n *node) applyNetworkDefinition(t *testing.T) {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(repoRoot(), "deploy", "examples", "multus", "network-attachment-definition.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	nad := strings.Replace(string(b), `"master": "vrf"`, `"master": "bridge"`, 1)
+	if nad == string(b) {
+		t.Fatal(`the example definition no longer says "master": "vrf"`)
+	}
+	file := filepath.Join(n.dir, "nad.yaml")
+	if err := os.WriteFile(file, []byte(nad), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	n.kubectl(t, "apply", "-f", file)
+}
+
+func (n *node) dynamic(t *testing.T) dynamic.Interface {
+	t.Helper()
+	d, err := dynamic.NewForConfig(n.config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// attachment creates a VPCAttachment carrying (vpc, attachment) in the
+// tenant namespace.
+func (n *node) attachment(t *testing.T, name, vpc, attachment string) {
+	t.Helper()
+	ctx := context.Background()
+	ri := n.dynamic(t).Resource(attachmentResource).Namespace(tenantNS)
+	obj := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "cloud.datumapis.com/v1alpha1", "kind": "VPCAttachment",
+		"metadata": map[string]any{"name": name, "namespace": tenantNS},
+		"spec":     map[string]any{},
+	}}
+	created, err := ri.Create(ctx, obj, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("create VPCAttachment %s: %v", name, err)
+	}
+	created.Object["status"] = map[string]any{"vpc": vpc, "vpcAttachment": attachment}
+	if _, err := ri.UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+		t.Fatalf("status of VPCAttachment %s: %v", name, err)
+	}
+}
+
+func (n *node) deleteAttachment(t *testing.T, name string) {
+	t.Helper()
+	err := n.dynamic(t).Resource(attachmentResource).Namespace(tenantNS).Delete(context.Background(), name, metav1.DeleteOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// galacticPod starts a pod with a galactic attachment (vpc, attachment),
+// named the way docs/operations.md tells.
+func (n *node) galacticPod(t *testing.T, name, vpc, attachment string) *corev1.Pod {
+	t.Helper()
+	networks := fmt.Sprintf(`[{"name": "galactic", "namespace": "galactic-system", "cni-args": {"GALACTIC_VPC": %q, "GALACTIC_VPC_ATTACHMENT": %q}}]`, vpc, attachment)
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: tenantNS, Annotations: map[string]string{"k8s.v1.cni.cncf.io/networks": networks}},
+		Spec: corev1.PodSpec{
+			EnableServiceLinks: new(bool),
+			Containers: []corev1.Container{{
+				Name: "vm", Image: podImage, ImagePullPolicy: corev1.PullNever, Command: []string{"/pod"},
+			}},
+		},
+	}
+	if _, err := n.client.CoreV1().Pods(tenantNS).Create(context.Background(), pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return n.waitPod(t, tenantNS, name, 3*time.Minute)
+}
+
+// sandboxOf is the ID of the pod's sandbox in containerd.
+func (n *node) sandboxOf(t *testing.T, pod *corev1.Pod) string {
+	t.Helper()
+	out, err := n.ctr("containers", "list", "--quiet",
+		fmt.Sprintf(`labels."io.kubernetes.pod.uid"==%s,labels."io.cri-containerd.kind"==sandbox`, pod.UID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := strings.Fields(out)
+	if len(ids) != 1 {
+		t.Fatalf("pod %s has sandboxes %v, want one", pod.Name, ids)
+	}
+	return ids[0]
+}
+
+// tapView is what `galactic-node taps -o json` says of a tap.
+type tapView struct {
+	Name       string `json:"name"`
+	Ifindex    uint32 `json:"ifindex"`
+	VPC        string `json:"vpc"`
+	Attachment string `json:"attachment"`
+	Owner      string `json:"owner"`
+}
+
+// galacticNode runs the operator CLI the DaemonSet installs on the node,
+// as root on the node, against the daemon's admin socket.
+func (n *node) galacticNode(args ...string) (string, error) {
+	out, err := n.inNode("/opt/galactic/bin/galactic-node", args...).CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("galactic-node %s: %w: %s", strings.Join(args, " "), err, out)
+	}
+	return string(out), nil
+}
+
+func (n *node) taps(t *testing.T) []tapView {
+	t.Helper()
+	out, err := n.galacticNode("taps", "-o", "json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var taps []tapView
+	if err := json.Unmarshal([]byte(out), &taps); err != nil {
+		var wrapped struct {
+			Items []tapView `json:"items"`
+		}
+		if err2 := json.Unmarshal([]byte(out), &wrapped); err2 != nil {
+			t.Fatalf("taps -o json: %v: %s", err, out)
+		}
+		taps = wrapped.Items
+	}
+	return taps
+}
+
+func (n *node) tapOf(t *testing.T, vpc, attachment string) tapView {
+	t.Helper()
+	for _, tap := range n.taps(t) {
+		if tap.VPC == vpc && tap.Attachment == attachment {
+			return tap
+		}
+	}
+	out, _ := n.galacticNode("taps", "-o", "json")
+	links, _ := n.inNode("ip", "-d", "link").CombinedOutput()
+	t.Fatalf("no tap of (%s, %s): %s\n%s", vpc, attachment, out, links)
+	return tapView{}
+}
+
+func (n *node) waitNoTap(t *testing.T, tap tapView, timeout time.Duration) {
+	t.Helper()
+	err := n.waitFor(context.Background(), "tap "+tap.Name+" to go", timeout, func() (bool, error) {
+		_, err := n.inNode("ip", "link", "show", tap.Name).CombinedOutput()
+		return err != nil, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// rows is what `galactic-node rows IFINDEX` prints of an interface's eBPF
+// rows and program attachment, empty when it has neither.
+func (n *node) rows(t *testing.T, ifindex uint32) string {
+	t.Helper()
+	out, err := n.galacticNode("rows", fmt.Sprint(ifindex), "-o", "json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v struct {
+		Rows     map[string]json.RawMessage `json:"rows"`
+		Attached bool                       `json:"attached"`
+	}
+	if err := json.Unmarshal([]byte(out), &v); err != nil {
+		t.Fatalf("rows -o json: %v: %s", err, out)
+	}
+	if len(v.Rows) == 0 && !v.Attached {
+		return ""
+	}
+	return out
+}
+
+// Pass timing for the reclaim scenarios: what --interval and
+// --min-candidate-age are set to once the reclaim is enabled. The shipped
+// 1m and 5m would make the mission's case seven minutes long.
+const (
+	passInterval    = 5 * time.Second
+	minCandidateAge = 30 * time.Second
+)
+
+// The mission's case on a real node: the DaemonSet's daemon, reading
+// VPCAttachments from the API server, reclaims the tap of a sandbox whose
+// DEL never ran (containerd lost its record of it) once its VPCAttachment
+// is gone, with its rows, while a live pod's tap keeps identical rows.
+func TestTheDaemonReclaimsATapWhoseDELNeverRan(t *testing.T) {
+	n := theNode(t)
+	n.enableReclaim(t)
+	n.attachment(t, "att-4", "a", "4")
+	n.attachment(t, "att-5", "a", "5")
+	n.galacticPod(t, "vm-live", "a", "4")
+	lost := n.galacticPod(t, "vm-lost", "a", "5")
+	live, lostTap := n.tapOf(t, "a", "4"), n.tapOf(t, "a", "5")
+	liveRows := n.rows(t, live.Ifindex)
+	if n.rows(t, lostTap.Ifindex) == "" || liveRows == "" {
+		t.Fatal("a new tap has no rows")
+	}
+
+	sandbox := n.sandboxOf(t, lost)
+	n.loseSandbox(t, lost)
+	reclaimedBefore := n.reclaimed(t)
+	time.Sleep(2 * passInterval) // the DaemonSet's passes go on; the identity is still live
+	if _, err := n.inNode("ip", "link", "show", lostTap.Name).CombinedOutput(); err != nil {
+		t.Fatalf("the lost sandbox's tap went before its VPCAttachment did: %v", err)
+	}
+	gone := time.Now()
+	n.deleteAttachment(t, "att-5")
+	// Within the minimum age plus two passes, with room for a pass that
+	// was running, the DaemonSet's informers and a loaded machine.
+	n.waitNoTap(t, lostTap, minCandidateAge+2*passInterval+2*time.Minute)
+	t.Logf("the lost sandbox's tap was reclaimed %s after its VPCAttachment went (minimum age %s, passes every %s)",
+		time.Since(gone).Round(time.Second), minCandidateAge, passInterval)
+	if rows := n.rows(t, lostTap.Ifindex); rows != "" {
+		t.Fatalf("the reclaimed tap's rows stay: %s", rows)
+	}
+	if got := n.tapOf(t, "a", "4"); got != live {
+		t.Fatalf("the live pod's tap changed: %+v, was %+v", got, live)
+	}
+	if got := n.rows(t, live.Ifindex); got != liveRows {
+		t.Fatalf("the live pod's rows changed:\n%s\nwere\n%s", got, liveRows)
+	}
+	if got := n.reclaimed(t); got <= reclaimedBefore {
+		t.Fatalf("the daemon's passes reclaimed %d taps, %d before: the tap went some other way", got, reclaimedBefore)
+	}
+	// And no DEL ran for the lost sandbox: the plugin logs each into the
+	// runtime's log.
+	for line := range strings.SplitSeq(n.logTail("containerd", 100000), "\n") {
+		if strings.Contains(line, `"msg":"DEL"`) && strings.Contains(line, sandbox) {
+			t.Fatalf("a DEL ran for the lost sandbox: %s", line)
+		}
+	}
+	passes, _ := n.galacticNode("passes")
+	t.Logf("passes:\n%s", passes)
+}
+
+// reclaimed is how many taps the daemon's recent passes removed.
+func (n *node) reclaimed(t *testing.T) int {
+	t.Helper()
+	out, err := n.galacticNode("passes", "-o", "json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var passes struct {
+		Items []struct {
+			Reclaimed []json.RawMessage `json:"reclaimed"`
+		} `json:"items"`
+	}
+	if err := json.Unmarshal([]byte(out), &passes); err != nil {
+		t.Fatalf("passes -o json: %v: %s", err, out)
+	}
+	total := 0
+	for _, p := range passes.Items {
+		total += len(p.Reclaimed)
+	}
+	return total
+}
+
+// enableReclaim takes the DaemonSet out of dry-run as docs/operations.md
+// says ("Enabling the reclaim": kubectl apply -k deploy/), with the pass
+// timing above, and waits for the rollout: an upgrade over live taps.
+func (n *node) enableReclaim(t *testing.T) {
+	t.Helper()
+	n.kubectl(t, "apply", "-k", "deploy/")
+	ctx := context.Background()
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		ds, err := n.client.AppsV1().DaemonSets("galactic-system").Get(ctx, "galactic-node", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		c := &ds.Spec.Template.Spec.Containers[0]
+		var args []string
+		for _, a := range c.Args {
+			if strings.Contains(a, "--dry-run") {
+				return fmt.Errorf("deploy/ still runs the daemon in dry-run: %v", c.Args)
+			}
+			if !strings.HasPrefix(a, "--interval=") {
+				args = append(args, a)
+			}
+		}
+		args = append(args, "--interval="+passInterval.String(), "--min-candidate-age="+minCandidateAge.String())
+		c.Args = args
+		_, err = n.client.AppsV1().DaemonSets("galactic-system").Update(ctx, ds, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.waitRollout(t, "daemonset/galactic-node")
+}
+
+// loseSandbox makes containerd lose its record of the pod's sandbox, as a
+// wiped or corrupted runtime state does, so that no DEL ever runs for it:
+// with the kubelet stopped and containerd killed, the pod's containers and
+// sandbox are deleted from containerd's metadata store, and the pod from
+// the API server; then both start again. containerd finds the pod's shim
+// with no container behind it and ends it. The tap, in the node's network
+// namespace, stays. (Killing containerd during a DEL does not lose it:
+// containerd replays the DEL after a restart.)
+func (n *node) loseSandbox(t *testing.T, pod *corev1.Pod) {
+	t.Helper()
+	out, err := n.ctr("containers", "list", "--quiet", fmt.Sprintf(`labels."io.kubernetes.pod.uid"==%s`, pod.UID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := strings.Fields(out)
+	if len(ids) < 2 {
+		t.Fatalf("pod %s has containers %v, want its sandbox and its container", pod.Name, ids)
+	}
+	kubelet := n.procs["kubelet"].Process
+	if err := kubelet.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = kubelet.Signal(syscall.SIGCONT) }()
+	n.kill("containerd", syscall.SIGKILL)
+
+	db, err := bolt.Open(n.root("/var/lib/containerd/io.containerd.metadata.v1.bolt/meta.db"), 0o644, &bolt.Options{Timeout: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		ns := tx.Bucket([]byte("v1")).Bucket([]byte("k8s.io"))
+		if ns == nil {
+			return errors.New("no k8s.io namespace in containerd's metadata")
+		}
+		for _, id := range ids {
+			if err := ns.Bucket([]byte("containers")).DeleteBucket([]byte(id)); err != nil {
+				return fmt.Errorf("delete container %s: %w", id, err)
+			}
+			if sandboxes := ns.Bucket([]byte("sandboxes")); sandboxes != nil && sandboxes.Bucket([]byte(id)) != nil {
+				if err := sandboxes.DeleteBucket([]byte(id)); err != nil {
+					return fmt.Errorf("delete sandbox %s: %w", id, err)
+				}
+			}
+		}
+		return nil
+	})
+	if cerr := db.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	zero := int64(0)
+	if err := n.client.CoreV1().Pods(pod.Namespace).Delete(context.Background(), pod.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.runContainerd(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := kubelet.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	if out, _ := n.ctr("containers", "list", "--quiet", fmt.Sprintf(`labels."io.kubernetes.pod.uid"==%s`, pod.UID)); strings.TrimSpace(out) != "" {
+		t.Fatalf("containerd still knows pod %s: %s", pod.Name, out)
+	}
+}
+
+// A rolling update of the DaemonSet to a second build over live taps takes
+// nothing, and leaves every tap with its rows and the program attached.
+func TestARollingUpdateKeepsEveryLiveTap(t *testing.T) {
+	n := theNode(t)
+	next := n.secondBuild(t)
+	before := n.taps(t)
+	if len(before) == 0 {
+		t.Fatal("no live tap to carry through the update")
+	}
+	rows := map[uint32]string{}
+	for _, tap := range before {
+		rows[tap.Ifindex] = n.rows(t, tap.Ifindex)
+	}
+	n.kubectl(t, "-n", "galactic-system", "set", "image", "daemonset/galactic-node",
+		"install-cni="+next, "galactic-node="+next)
+	n.waitRollout(t, "daemonset/galactic-node")
+	status, err := n.galacticNode("status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(status, "e2e-next") {
+		t.Fatalf("the daemon after the update is not the second build:\n%s", status)
+	}
+	after := n.taps(t)
+	if len(after) != len(before) {
+		t.Fatalf("taps before the update %+v, after %+v", before, after)
+	}
+	for _, tap := range before {
+		got := n.rows(t, tap.Ifindex)
+		if got != rows[tap.Ifindex] {
+			t.Errorf("tap %s's rows changed in the update:\n%s\nwere\n%s", tap.Name, got, rows[tap.Ifindex])
+		}
+		if !strings.Contains(got, `"attached": true`) {
+			t.Errorf("tap %s has no program attached after the update: %s", tap.Name, got)
+		}
+	}
+	n.logsAreClean(t)
+	n.ordinaryPodRoundTrip(t, "after-update")
+}
+
+// secondBuild builds the node image again as `make images` does, under
+// another version, imports it and returns its digest reference.
+func (n *node) secondBuild(t *testing.T) string {
+	t.Helper()
+	dir := filepath.Join(n.dir, "next")
+	cmd := exec.Command("make", "--no-print-directory", "images", "IMAGE_DIR="+dir, "IMAGE_VERSION=e2e-next")
+	cmd.Dir = repoRoot()
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("make images (second build): %v\n%s", err, out)
+	}
+	repo := "ghcr.io/datum-cloud/galactic-node"
+	if err := n.importImage(filepath.Join(dir, "galactic-node.oci.tar"), repo, filepath.Join(dir, "galactic-node.digest")); err != nil {
+		t.Fatal(err)
+	}
+	digest, err := os.ReadFile(filepath.Join(dir, "galactic-node.digest"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return repo + "@" + strings.TrimSpace(string(digest))
+}
+
+// Deleting a Network releases its fabric-identity claim through the real
+// hub controller, and only its own: a network that lives keeps its claim.
+func TestHubctlReleasesTheClaimOfADeletedNetwork(t *testing.T) {
+	n := theNode(t)
+	ctx := context.Background()
+	d := n.dynamic(t)
+	for _, name := range []string{"net-gone", "net-live"} {
+		obj := &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": "networking.datumapis.com/v1alpha", "kind": "Network",
+			"metadata": map[string]any{"namespace": tenantNS, "name": name}, "spec": map[string]any{},
+		}}
+		if _, err := d.Resource(hubctl.NetworkResource).Namespace(tenantNS).Create(ctx, obj, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	standIn, stop := context.WithCancel(ctx)
+	defer stop()
+	go n.addressService(standIn, t)
+	claims := d.Resource(hubctl.ClaimResource).Namespace("platform")
+	claimed := func(network string) (bool, error) {
+		_, err := claims.Get(ctx, hubctl.ClaimName(tenantNS, network), metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return false, nil
+		}
+		return err == nil, err
+	}
+	for _, name := range []string{"net-gone", "net-live"} {
+		if err := n.waitFor(ctx, "the claim of "+name, 2*time.Minute, func() (bool, error) { return claimed(name) }); err != nil {
+			out, _ := n.kubectlErr("-n", "galactic-system", "logs", "deploy/galactic-hubctl")
+			t.Fatalf("%v\nhubctl:\n%s", err, out)
+		}
+	}
+	if err := d.Resource(hubctl.NetworkResource).Namespace(tenantNS).Delete(ctx, "net-gone", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.waitFor(ctx, "the claim of the deleted network to be released", 2*time.Minute, func() (bool, error) {
+		ok, err := claimed("net-gone")
+		return !ok, err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := claimed("net-live"); !ok {
+		t.Fatalf("the live network lost its claim: %v", err)
+	}
+	n.logsAreClean(t)
+}
+
+// addressService stands in for the address service, whose CRDs deploy/dev
+// installs but whose controller is another system's: it binds each claim
+// in the platform namespace to an allocation of its own, as the real one
+// does, until ctx ends.
+func (n *node) addressService(ctx context.Context, t *testing.T) {
+	d := n.dynamic(t)
+	claims := d.Resource(hubctl.ClaimResource).Namespace("platform")
+	allocs := d.Resource(hubctl.AllocationResource).Namespace("platform")
+	for block := 1; ctx.Err() == nil; time.Sleep(200 * time.Millisecond) {
+		list, err := claims.List(ctx, metav1.ListOptions{})
+		if err != nil {
+			continue
+		}
+		for i := range list.Items {
+			c := &list.Items[i]
+			if phase, _, _ := unstructured.NestedString(c.Object, "status", "phase"); phase == "Bound" || c.GetDeletionTimestamp() != nil {
+				continue
+			}
+			policy, _, _ := unstructured.NestedString(c.Object, "spec", "reclaimPolicy")
+			name := hubctl.AllocationName("platform", c.GetName())
+			cidr := fmt.Sprintf("fd00:0:0:%x::/64", block)
+			block++
+			a, err := allocs.Create(ctx, &unstructured.Unstructured{Object: map[string]any{
+				"apiVersion": "ipam.miloapis.com/v1alpha1", "kind": "IPAllocation",
+				"metadata": map[string]any{"namespace": "platform", "name": name},
+				"spec":     map[string]any{"claimRef": map[string]any{"name": c.GetName()}, "reclaimPolicy": policy},
+			}}, metav1.CreateOptions{})
+			if err != nil {
+				continue
+			}
+			a.Object["status"] = map[string]any{"phase": "Bound", "allocatedCIDR": cidr}
+			if _, err := allocs.UpdateStatus(ctx, a, metav1.UpdateOptions{}); err != nil {
+				continue
+			}
+			c.Object["status"] = map[string]any{"phase": "Bound", "allocatedCIDR": cidr, "boundAllocationRef": map[string]any{"name": name}}
+			_, _ = claims.UpdateStatus(ctx, c, metav1.UpdateOptions{})
+		}
+	}
+}
+
+// Uninstalling galactic leaves the node's own network working: ordinary
+// pods start and stop with their own plugin.
+func TestUninstallLeavesOrdinaryPodsWorking(t *testing.T) {
+	n := theNode(t)
+	for _, name := range []string{"vm-live"} {
+		n.deletePod(t, tenantNS, name)
+	}
+	n.kubectl(t, "delete", "-k", "deploy/", "--wait=true")
+	n.ordinaryPodRoundTrip(t, "after-uninstall")
+}

@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# Builds what `make e2e`'s node runs besides the testbin's kube-apiserver,
+# etcd and kubectl (hack/testbin.sh), from the Go module proxy, once per
+# machine: kubelet, kube-controller-manager and kube-scheduler of the same
+# Kubernetes version, containerd with its runc shim, the reference CNI
+# plugins (the primary network) and Multus' thin plugin (secondary
+# networks). Prints the folder that holds them. runc is Debian's.
+#
+# The Kubernetes commands are built the way hack/testbin.sh builds
+# kube-apiserver, and with its flags, so the packages they share come out of
+# the same build cache. docs/e2e.md has the figures.
+set -euo pipefail
+
+K8S_VERSION=${K8S_VERSION:-1.37.2}
+CONTAINERD_VERSION=${CONTAINERD_VERSION:-2.4.2}
+PLUGINS_VERSION=${PLUGINS_VERSION:-1.10.0}
+MULTUS_VERSION=${MULTUS_VERSION:-4.2.3}
+STAGING_VERSION=0.${K8S_VERSION#1.}
+CACHE=${GALACTICTEST_E2EBIN_CACHE:-/var/cache/galactic-node/e2ebin}
+OUT="$CACHE/k8s-$K8S_VERSION-containerd-$CONTAINERD_VERSION-plugins-$PLUGINS_VERSION-multus-$MULTUS_VERSION"
+export PATH="$PATH:/usr/local/go/bin"
+export GOFLAGS=-mod=mod
+export GOWORK=off
+
+want=(kubelet kube-controller-manager kube-scheduler containerd containerd-shim-runc-v2 ctr
+	bridge host-local loopback multus multus-daemonset.yml)
+complete() {
+	local b
+	for b in "${want[@]}"; do
+		[ -e "$OUT/$b" ] || return 1
+	done
+}
+if complete; then
+	echo "$OUT"
+	exit 0
+fi
+mkdir -p "$OUT"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+build_kubernetes() {
+	local dir="$work/kubernetes" gomod minor ldflags cmd
+	gomod=$(go mod download -json "k8s.io/kubernetes@v$K8S_VERSION" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
+	mkdir -p "$dir"
+	{
+		echo "module e2ebin/kubernetes"
+		echo
+		echo "go 1.26"
+		echo
+		echo "require k8s.io/kubernetes v$K8S_VERSION"
+		echo
+		grep -E '^\s*k8s\.io/[^ ]+ => \./staging' "$gomod" |
+			awk -v v="v$STAGING_VERSION" '{print "replace " $1 " => " $1 " " v}'
+	} >"$dir/go.mod"
+	# The commands' own main functions, as cmd/<name>/<name>.go has them.
+	mkdir -p "$dir/kubelet" "$dir/kube-controller-manager" "$dir/kube-scheduler"
+	cat >"$dir/kubelet/main.go" <<'GO'
+package main
+
+import (
+	"context"
+	"os"
+
+	"k8s.io/component-base/cli"
+	"k8s.io/kubernetes/cmd/kubelet/app"
+)
+
+func main() { os.Exit(cli.Run(app.NewKubeletCommand(context.Background()))) }
+GO
+	cat >"$dir/kube-controller-manager/main.go" <<'GO'
+package main
+
+import (
+	"os"
+
+	"k8s.io/component-base/cli"
+	"k8s.io/kubernetes/cmd/kube-controller-manager/app"
+)
+
+func main() { os.Exit(cli.Run(app.NewControllerManagerCommand())) }
+GO
+	cat >"$dir/kube-scheduler/main.go" <<'GO'
+package main
+
+import (
+	"os"
+
+	"k8s.io/component-base/cli"
+	"k8s.io/kubernetes/cmd/kube-scheduler/app"
+)
+
+func main() { os.Exit(cli.Run(app.NewSchedulerCommand())) }
+GO
+	minor=${K8S_VERSION#1.}
+	minor=${minor%%.*}
+	ldflags="-X k8s.io/component-base/version.gitVersion=v$K8S_VERSION"
+	ldflags+=" -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor"
+	(cd "$dir" && go mod tidy >&2)
+	for cmd in kube-scheduler kube-controller-manager kubelet; do
+		[ -x "$OUT/$cmd" ] && continue
+		(cd "$dir" && go build -ldflags "$ldflags" -o "$OUT/$cmd.tmp" "./$cmd" && mv "$OUT/$cmd.tmp" "$OUT/$cmd")
+	done
+}
+
+build_containerd() {
+	local m=github.com/containerd/containerd/v2 ldflags
+	ldflags="-X $m/version.Version=v$CONTAINERD_VERSION -X $m/version.Package=$m"
+	# No cgo: the btrfs snapshotter is left out; overlayfs is what the node uses.
+	GOBIN="$OUT" CGO_ENABLED=0 go install -tags urfave_cli_no_docs -ldflags "$ldflags" \
+		"$m/cmd/containerd@v$CONTAINERD_VERSION" "$m/cmd/ctr@v$CONTAINERD_VERSION"
+	GOBIN="$OUT" CGO_ENABLED=0 go install -tags urfave_cli_no_docs,no_grpc -ldflags "$ldflags" \
+		"$m/cmd/containerd-shim-runc-v2@v$CONTAINERD_VERSION"
+}
+
+build_plugins() {
+	local p=github.com/containernetworking/plugins/plugins
+	GOBIN="$OUT" CGO_ENABLED=0 go install "$p/main/bridge@v$PLUGINS_VERSION" \
+		"$p/ipam/host-local@v$PLUGINS_VERSION" "$p/main/loopback@v$PLUGINS_VERSION"
+}
+
+# The proxy serves Multus v4 only under its gopkg.in path, and `go install
+# …@v4` fails on the deprecation lookup: build it from its module's folder.
+build_multus() {
+	local m=gopkg.in/k8snetworkplumbingwg/multus-cni.v4 src
+	src=$(go mod download -json "$m@v$MULTUS_VERSION" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
+	cp -r "$src" "$work/multus"
+	chmod -R u+w "$work/multus"
+	(cd "$work/multus" && rm -rf vendor &&
+		CGO_ENABLED=0 go build -ldflags "-X $m/pkg/multus.version=v$MULTUS_VERSION" -o "$OUT/multus.tmp" ./cmd/multus &&
+		mv "$OUT/multus.tmp" "$OUT/multus")
+	# Its NetworkAttachmentDefinition CRD, which the e2e installs.
+	cp "$work/multus/deployments/multus-daemonset.yml" "$OUT/multus-daemonset.yml"
+}
+
+[ -x "$OUT/kubelet" ] && [ -x "$OUT/kube-controller-manager" ] && [ -x "$OUT/kube-scheduler" ] || build_kubernetes >&2
+[ -x "$OUT/containerd" ] && [ -x "$OUT/containerd-shim-runc-v2" ] && [ -x "$OUT/ctr" ] || build_containerd >&2
+[ -x "$OUT/bridge" ] && [ -x "$OUT/host-local" ] && [ -x "$OUT/loopback" ] || build_plugins >&2
+[ -x "$OUT/multus" ] && [ -f "$OUT/multus-daemonset.yml" ] || build_multus >&2
+echo "$OUT"
