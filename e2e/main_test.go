@@ -8,7 +8,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,27 +19,19 @@ import (
 // workload of the ordinary pods (testdata/pod).
 const podImage = "galactic.test/e2e-pod:1"
 
-var (
-	nodeOnce sync.Once
-	shared   *node
-	nodeErr  error
-	// scenarioFailed stops the scenarios after one fails: each runs on the
-	// state the one before left.
-	scenarioFailed bool
-)
-
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if shared != nil {
-		shared.stop(func(format string, args ...any) { fmt.Fprintf(os.Stderr, format+"\n", args...) })
-	}
-	os.Exit(code)
+// runtimeKind is a container runtime a node runs: containerd from dir
+// under hack/e2ebin.sh's folder (its top when empty), configured in the
+// config file format configVersion.
+type runtimeKind struct {
+	name          string
+	dir           string
+	configVersion int
 }
 
-// theNode returns the package's node, starting it on first use. Without
-// the binaries, root or the images it skips, saying how to get them, except
+// startTestNode starts a node on rt for t, stopped when t ends. Without
+// root, the binaries or the images it skips, saying how to get them, except
 // under CI=true, where it fails.
-func theNode(t *testing.T) *node {
+func startTestNode(t *testing.T, rt runtimeKind) *node {
 	t.Helper()
 	bins, testbin := os.Getenv("GALACTICTEST_E2EBIN"), os.Getenv("KUBEBUILDER_ASSETS")
 	var missing string
@@ -59,35 +50,28 @@ func theNode(t *testing.T) *node {
 		}
 		t.Skip(msg)
 	}
-	nodeOnce.Do(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-		defer cancel()
-		start := time.Now()
-		shared, nodeErr = startNode(ctx, t.Logf, bins, testbin)
-		if nodeErr == nil {
-			nodeErr = shared.loadImages(t)
-		}
-		if nodeErr == nil {
-			t.Logf("node: ready with its images in %s", time.Since(start).Round(time.Second))
-		}
-	})
-	if scenarioFailed {
-		t.Fatal("an earlier scenario failed: this one runs on the state it leaves")
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			scenarioFailed = true
-		}
-	})
-	if nodeErr != nil {
-		if shared != nil {
-			for _, name := range []string{"kubelet", "containerd", "kube-apiserver"} {
-				t.Logf("%s's log ends:\n%s", name, shared.logTail(name, 40))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	start := time.Now()
+	n, err := startNode(ctx, t.Logf, bins, testbin, rt)
+	if n != nil {
+		t.Cleanup(func() {
+			if t.Failed() {
+				for _, name := range []string{"kubelet", "containerd", "kube-apiserver"} {
+					t.Logf("%s's log ends:\n%s", name, n.logTail(name, 40))
+				}
 			}
-		}
-		t.Fatal(nodeErr)
+			n.stop(t.Logf)
+		})
 	}
-	return shared
+	if err == nil {
+		err = n.loadImages()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("node on %s: ready with its images in %s", rt.name, time.Since(start).Round(time.Second))
+	return n
 }
 
 func exists(p string) bool { _, err := os.Stat(p); return err == nil }
@@ -99,7 +83,7 @@ func repoRoot() string {
 
 // loadImages imports into containerd the images `make images` wrote, under
 // the digests deploy/base pins, and the test's pod image.
-func (n *node) loadImages(t *testing.T) error {
+func (n *node) loadImages() error {
 	if err := n.buildPodImage(); err != nil {
 		return err
 	}
@@ -114,7 +98,11 @@ func (n *node) loadImages(t *testing.T) error {
 // importImage imports an OCI archive and names its image repo@digest too,
 // the name a digest-pinned pod asks the runtime for.
 func (n *node) importImage(archive, repo, digestFile string) error {
-	out, err := n.ctr("images", "import", "--local", archive)
+	args := []string{"images", "import"}
+	if n.runtime.configVersion >= 3 {
+		args = append(args, "--local") // 2.x: without the transfer service
+	}
+	out, err := n.ctr(append(args, archive)...)
 	if err != nil {
 		return err
 	}

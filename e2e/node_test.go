@@ -65,6 +65,7 @@ var kernelDefaults = map[string]string{
 type node struct {
 	dir     string // everything the node writes
 	bins    string // hack/e2ebin.sh's folder
+	runtime runtimeKind
 	testbin string // hack/testbin.sh's folder
 	netns   string
 	nsFile  *os.File
@@ -81,7 +82,9 @@ type node struct {
 
 func (n *node) root(p string) string { return filepath.Join(n.dir, "root", p) }
 
-func startNode(ctx context.Context, logf func(string, ...any), bins, testbin string) (n *node, err error) {
+// startNode starts a node on rt. On an error it returns the node too, so
+// that its logs can be read, and stops it when the caller does.
+func startNode(ctx context.Context, logf func(string, ...any), bins, testbin string, rt runtimeKind) (n *node, err error) {
 	var b [4]byte
 	_, _ = rand.Read(b[:])
 	id := hex.EncodeToString(b[:])
@@ -89,13 +92,7 @@ func startNode(ctx context.Context, logf func(string, ...any), bins, testbin str
 	if err != nil {
 		return nil, err
 	}
-	n = &node{dir: dir, bins: bins, testbin: testbin, netns: "galactic-e2e-" + id, cgroup: "galactic-e2e-" + id, procs: map[string]*exec.Cmd{}}
-	defer func() {
-		if err != nil {
-			n.stop(logf)
-			n = nil
-		}
-	}()
+	n = &node{dir: dir, bins: bins, testbin: testbin, runtime: rt, netns: "galactic-e2e-" + id, cgroup: "galactic-e2e-" + id, procs: map[string]*exec.Cmd{}}
 	steps := []struct {
 		what string
 		do   func() error
@@ -280,7 +277,7 @@ func (n *node) start(name string, env []string, bin string, args ...string) erro
 	defer log.Close()
 	cmd := n.inNode(bin, args...)
 	cmd.Stdout, cmd.Stderr = log, log
-	cmd.Env = append([]string{"PATH=" + n.bins + ":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=" + n.dir}, env...)
+	cmd.Env = append([]string{"PATH=" + n.runtimeDir() + ":" + n.bins + ":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=" + n.dir}, env...)
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start %s: %w", name, err)
 	}
@@ -454,10 +451,22 @@ func (n *node) startContainerd(ctx context.Context) error {
 `), 0o644); err != nil {
 		return err
 	}
-	config := filepath.Join(n.dir, "containerd.toml")
-	if err := os.WriteFile(config, []byte(`version = 3
+	if err := os.WriteFile(filepath.Join(n.dir, "containerd.toml"), []byte(n.containerdConfig()), 0o644); err != nil {
+		return err
+	}
+	return n.runContainerd(ctx)
+}
+
+// runtimeDir is the folder of the node's containerd, shim and ctr.
+func (n *node) runtimeDir() string { return filepath.Join(n.bins, n.runtime.dir) }
+
+// containerdConfig is the runtime's configuration in its own format: the
+// same settings under 2.x's plugin names (version 3) and 1.6's (version 2).
+func (n *node) containerdConfig() string {
+	if n.runtime.configVersion >= 3 {
+		return `version = 3
 [plugins.'io.containerd.cri.v1.images'.pinned_images]
-  sandbox = '`+podImage+`'
+  sandbox = '` + podImage + `'
 [plugins.'io.containerd.cri.v1.runtime']
   # No CAP_SYS_RESOURCE here: an oom_score_adj below containerd's own fails.
   restrict_oom_score_adj = true
@@ -470,14 +479,24 @@ func (n *node) startContainerd(ctx context.Context) error {
     conf_dir = '/etc/cni/net.d'
 [plugins.'io.containerd.nri.v1.nri']
   disable = true
-`), 0o644); err != nil {
-		return err
+`
 	}
-	return n.runContainerd(ctx)
+	return `version = 2
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "` + podImage + `"
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+    runtime_type = "io.containerd.runc.v2"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+      SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/opt/cni/bin"
+    conf_dir = "/etc/cni/net.d"
+`
 }
 
 func (n *node) runContainerd(ctx context.Context) error {
-	if err := n.start("containerd", nil, filepath.Join(n.bins, "containerd"), "--config", filepath.Join(n.dir, "containerd.toml")); err != nil {
+	if err := n.start("containerd", nil, filepath.Join(n.runtimeDir(), "containerd"), "--config", filepath.Join(n.dir, "containerd.toml")); err != nil {
 		return err
 	}
 	return n.waitFor(ctx, "containerd", 2*time.Minute, func() (bool, error) {
@@ -488,7 +507,7 @@ func (n *node) runContainerd(ctx context.Context) error {
 
 // ctr runs containerd's client in the kubelet's containerd namespace.
 func (n *node) ctr(args ...string) (string, error) {
-	cmd := n.inNode(filepath.Join(n.bins, "ctr"), append([]string{"--namespace", "k8s.io"}, args...)...)
+	cmd := n.inNode(filepath.Join(n.runtimeDir(), "ctr"), append([]string{"--namespace", "k8s.io"}, args...)...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr // and a warning on every call that the host is cgroup v1
 	out, err := cmd.Output()
@@ -608,6 +627,12 @@ func (n *node) stop(logf func(string, ...any)) {
 		if out, err := run("ip", "netns", "del", n.netns); err != nil && !strings.Contains(out, "No such file") {
 			logf("node: remove netns: %v", err)
 		}
+	}
+	// Another node's mount namespace may be bound on these mount points:
+	// removing them would unmount its folders from under it.
+	if out, _ := run("ip", "netns", "list"); strings.Contains(out, "galactic-e2e-") {
+		logf("node: another e2e node runs: leaving the mount points %v", n.created)
+		n.created = nil
 	}
 	for _, p := range slices.Backward(n.created) {
 		if err := removeEmptyTree(p); err != nil {

@@ -28,9 +28,42 @@ import (
 	"github.com/datum-cloud/galactic-node/hubctl"
 )
 
-// The scenarios run in this file's order on one node, each on the state the
-// one before left: the install, then pods on galactic's network, the
-// reclaim enabled, an upgrade, the hub, and the uninstall.
+// The scenarios: the install, then pods on galactic's network, the reclaim
+// enabled, an upgrade, the hub, and the uninstall.
+
+// The runtimes the scenarios run on, each on a node of its own: the
+// newest containerd, and Debian 12's, whose libcni reads results up to CNI
+// 1.0.0.
+var (
+	containerd2  = runtimeKind{name: "containerd 2.4.2", configVersion: 3}
+	containerd16 = runtimeKind{name: "containerd 1.6 (Debian 12)", dir: "containerd-1.6", configVersion: 2}
+)
+
+func TestOnContainerd2(t *testing.T)  { runScenarios(t, containerd2) }
+func TestOnContainerd16(t *testing.T) { runScenarios(t, containerd16) }
+
+var scenarios = []struct {
+	name string
+	run  func(*node, *testing.T)
+}{
+	{"TheDocsInstallRunsOnARealNode", (*node).scenarioTheDocsInstallRunsOnARealNode},
+	{"APodOnGalacticsNetworkGetsItsTapAndLosesItOnDelete", (*node).scenarioAPodOnGalacticsNetworkGetsItsTapAndLosesItOnDelete},
+	{"TheDaemonReclaimsATapWhoseDELNeverRan", (*node).scenarioTheDaemonReclaimsATapWhoseDELNeverRan},
+	{"ARollingUpdateKeepsEveryLiveTap", (*node).scenarioARollingUpdateKeepsEveryLiveTap},
+	{"HubctlReleasesTheClaimOfADeletedNetwork", (*node).scenarioHubctlReleasesTheClaimOfADeletedNetwork},
+	{"UninstallLeavesOrdinaryPodsWorking", (*node).scenarioUninstallLeavesOrdinaryPodsWorking},
+}
+
+// runScenarios starts a node on rt and runs the scenarios on it in order,
+// each on the state the one before left; it stops at the first failure.
+func runScenarios(t *testing.T, rt runtimeKind) {
+	n := startTestNode(t, rt)
+	for _, s := range scenarios {
+		if !t.Run(s.name, func(t *testing.T) { s.run(n, t) }) {
+			t.Fatalf("%s failed on %s: the scenarios after it run on the state it leaves", s.name, rt.name)
+		}
+	}
+}
 
 const tenantNS = "tenant"
 
@@ -39,8 +72,7 @@ var attachmentResource = schema.GroupVersionResource{Group: "cloud.datumapis.com
 // The docs' install steps, run as written with the images `make images`
 // built, leave the DaemonSet and hubctl Ready with clean logs, and the
 // pods the node ran before keep their network.
-func TestTheDocsInstallRunsOnARealNode(t *testing.T) {
-	n := theNode(t)
+func (n *node) scenarioTheDocsInstallRunsOnARealNode(t *testing.T) {
 	before := n.ordinaryPod(t, "before-install")
 
 	// What the platform and the other systems provide before galactic is
@@ -72,8 +104,7 @@ func TestTheDocsInstallRunsOnARealNode(t *testing.T) {
 // A pod naming the shipped NetworkAttachmentDefinition with an attachment
 // identity gets a tap stamped with its sandbox and identity, with its eBPF
 // rows; deleting the pod removes both.
-func TestAPodOnGalacticsNetworkGetsItsTapAndLosesItOnDelete(t *testing.T) {
-	n := theNode(t)
+func (n *node) scenarioAPodOnGalacticsNetworkGetsItsTapAndLosesItOnDelete(t *testing.T) {
 	n.applyNetworkDefinition(t)
 	n.attachment(t, "att-3", "a", "3")
 	pod := n.galacticPod(t, "vm-3", "a", "3")
@@ -441,8 +472,7 @@ const (
 // VPCAttachments from the API server, reclaims the tap of a sandbox whose
 // DEL never ran (containerd lost its record of it) once its VPCAttachment
 // is gone, with its rows, while a live pod's tap keeps identical rows.
-func TestTheDaemonReclaimsATapWhoseDELNeverRan(t *testing.T) {
-	n := theNode(t)
+func (n *node) scenarioTheDaemonReclaimsATapWhoseDELNeverRan(t *testing.T) {
 	n.enableReclaim(t)
 	n.attachment(t, "att-4", "a", "4")
 	n.attachment(t, "att-5", "a", "5")
@@ -616,8 +646,7 @@ func (n *node) loseSandbox(t *testing.T, pod *corev1.Pod) {
 
 // A rolling update of the DaemonSet to a second build over live taps takes
 // nothing, and leaves every tap with its rows and the program attached.
-func TestARollingUpdateKeepsEveryLiveTap(t *testing.T) {
-	n := theNode(t)
+func (n *node) scenarioARollingUpdateKeepsEveryLiveTap(t *testing.T) {
 	next := n.secondBuild(t)
 	before := n.taps(t)
 	if len(before) == 0 {
@@ -677,8 +706,7 @@ func (n *node) secondBuild(t *testing.T) string {
 
 // Deleting a Network releases its fabric-identity claim through the real
 // hub controller, and only its own: a network that lives keeps its claim.
-func TestHubctlReleasesTheClaimOfADeletedNetwork(t *testing.T) {
-	n := theNode(t)
+func (n *node) scenarioHubctlReleasesTheClaimOfADeletedNetwork(t *testing.T) {
 	ctx := context.Background()
 	d := n.dynamic(t)
 	for _, name := range []string{"net-gone", "net-live"} {
@@ -764,8 +792,7 @@ func (n *node) addressService(ctx context.Context, t *testing.T) {
 
 // Uninstalling galactic leaves the node's own network working: ordinary
 // pods start and stop with their own plugin.
-func TestUninstallLeavesOrdinaryPodsWorking(t *testing.T) {
-	n := theNode(t)
+func (n *node) scenarioUninstallLeavesOrdinaryPodsWorking(t *testing.T) {
 	for _, name := range []string{"vm-live"} {
 		n.deletePod(t, tenantNS, name)
 	}

@@ -4,7 +4,9 @@
 # machine: kubelet, kube-controller-manager and kube-scheduler of the same
 # Kubernetes version, containerd with its runc shim, the reference CNI
 # plugins (the primary network) and Multus' thin plugin (secondary
-# networks). Prints the folder that holds them. runc is Debian's.
+# networks). Prints the folder that holds them. runc is Debian's, and so is
+# the older containerd the e2e also runs (containerd-1.6/), unpacked from
+# Debian's package without installing it.
 #
 # The Kubernetes commands are built the way hack/testbin.sh builds
 # kube-apiserver, and with its flags, so the packages they share come out of
@@ -23,7 +25,8 @@ export GOFLAGS=-mod=mod
 export GOWORK=off
 
 want=(kubelet kube-controller-manager kube-scheduler containerd containerd-shim-runc-v2 ctr
-	bridge host-local loopback multus multus-daemonset.yml)
+	bridge host-local loopback multus multus-daemonset.yml
+	containerd-1.6/containerd containerd-1.6/containerd-shim-runc-v2 containerd-1.6/ctr)
 complete() {
 	local b
 	for b in "${want[@]}"; do
@@ -36,6 +39,7 @@ if complete; then
 fi
 mkdir -p "$OUT"
 work=$(mktemp -d)
+chmod 755 "$work" # apt-get download writes as _apt
 trap 'rm -rf "$work"' EXIT
 
 build_kubernetes() {
@@ -132,8 +136,21 @@ build_multus() {
 	cp "$work/multus/deployments/multus-daemonset.yml" "$OUT/multus-daemonset.yml"
 }
 
+# Debian 12's containerd (1.6), what a node of that release runs.
+unpack_containerd16() {
+	(cd "$work" && { apt-get download containerd >&2 || { apt-get update -qq && apt-get download containerd >&2; }; })
+	dpkg-deb -x "$work"/containerd_*.deb "$work/containerd16"
+	mkdir -p "$OUT/containerd-1.6.tmp"
+	cp "$work/containerd16/usr/bin/containerd" "$work/containerd16/usr/bin/containerd-shim-runc-v2" \
+		"$work/containerd16/usr/bin/ctr" "$OUT/containerd-1.6.tmp/"
+	dpkg-deb -f "$work"/containerd_*.deb Version >"$OUT/containerd-1.6.tmp/VERSION"
+	rm -rf "$OUT/containerd-1.6"
+	mv "$OUT/containerd-1.6.tmp" "$OUT/containerd-1.6"
+}
+
 [ -x "$OUT/kubelet" ] && [ -x "$OUT/kube-controller-manager" ] && [ -x "$OUT/kube-scheduler" ] || build_kubernetes >&2
 [ -x "$OUT/containerd" ] && [ -x "$OUT/containerd-shim-runc-v2" ] && [ -x "$OUT/ctr" ] || build_containerd >&2
 [ -x "$OUT/bridge" ] && [ -x "$OUT/host-local" ] && [ -x "$OUT/loopback" ] || build_plugins >&2
 [ -x "$OUT/multus" ] && [ -f "$OUT/multus-daemonset.yml" ] || build_multus >&2
+[ -x "$OUT/containerd-1.6/containerd" ] || unpack_containerd16 >&2
 echo "$OUT"
