@@ -105,10 +105,30 @@ func (n *node) scenarioTheDocsInstallRunsOnARealNode(t *testing.T) {
 // identity gets a tap stamped with its sandbox and identity, with its eBPF
 // rows; deleting the pod removes both.
 func (n *node) scenarioAPodOnGalacticsNetworkGetsItsTapAndLosesItOnDelete(t *testing.T) {
-	n.applyNetworkDefinition(t)
+	n.applyNetworkDefinition(t, "galactic", "")
 	n.attachment(t, "att-3", "a", "3")
-	pod := n.galacticPod(t, "vm-3", "a", "3")
-	tap := n.tapOf(t, "a", "3")
+	// As docs/operations.md tells a pod: the shipped definition, and the
+	// identity in Multus' cni-args.
+	n.galacticPodLifecycle(t, "vm-3", "a", "3", cniArgs("a", "3"))
+	// As it tells KubeVirt, which names a definition and passes no
+	// cni-args: a definition of the attachment's own.
+	n.applyNetworkDefinition(t, "galactic-a-6", `"vpc": "a", "vpcAttachment": "6"`)
+	n.attachment(t, "att-6", "a", "6")
+	n.galacticPodLifecycle(t, "vm-6", "a", "6", "galactic-system/galactic-a-6")
+}
+
+// cniArgs names the shipped definition with the identity in cni-args.
+func cniArgs(vpc, attachment string) string {
+	return fmt.Sprintf(`[{"name": "galactic", "namespace": "galactic-system", "cni-args": {"GALACTIC_VPC": %q, "GALACTIC_VPC_ATTACHMENT": %q}}]`, vpc, attachment)
+}
+
+// galacticPodLifecycle starts a pod asking for networks, checks that its
+// (vpc, attachment) tap is stamped with its sandbox and has rows, deletes
+// the pod and checks that both went.
+func (n *node) galacticPodLifecycle(t *testing.T, name, vpc, attachment, networks string) {
+	t.Helper()
+	pod := n.galacticPod(t, name, networks)
+	tap := n.tapOf(t, vpc, attachment)
 	if sandbox := n.sandboxOf(t, pod); tap.Owner != sandbox {
 		t.Fatalf("tap %s is stamped %q, want its pod's sandbox %s", tap.Name, tap.Owner, sandbox)
 	}
@@ -116,9 +136,9 @@ func (n *node) scenarioAPodOnGalacticsNetworkGetsItsTapAndLosesItOnDelete(t *tes
 	if len(rows) == 0 {
 		t.Fatalf("tap %s (ifindex %d) has no eBPF rows", tap.Name, tap.Ifindex)
 	}
-	t.Logf("tap %s ifindex %d owner %s, rows:\n%s", tap.Name, tap.Ifindex, tap.Owner, rows)
+	t.Logf("pod %s: tap %s ifindex %d owner %s, rows:\n%s", name, tap.Name, tap.Ifindex, tap.Owner, rows)
 
-	n.deletePod(t, tenantNS, "vm-3")
+	n.deletePod(t, tenantNS, name)
 	n.waitNoTap(t, tap, 2*time.Minute)
 	if rows := n.rows(t, tap.Ifindex); len(rows) != 0 {
 		t.Fatalf("tap %s is gone but its rows stay: %s", tap.Name, rows)
@@ -285,19 +305,31 @@ func (n *node) logsAreClean(t *testing.T) {
 	}
 }
 
-// applyNetworkDefinition applies the shipped NetworkAttachmentDefinition,
-// with the bridge standing in for the VRF this kernel lacks.
-func (n *node) applyNetworkDefinition(t *testing.T) {
+// applyNetworkDefinition applies the shipped NetworkAttachmentDefinition
+// under name, with the bridge standing in for the VRF this kernel lacks,
+// and identity (JSON members) added to its galactic-tap entry if given.
+func (n *node) applyNetworkDefinition(t *testing.T, name, identity string) {
 	t.Helper()
 	b, err := os.ReadFile(filepath.Join(repoRoot(), "deploy", "examples", "multus", "network-attachment-definition.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	nad := strings.Replace(string(b), `"master": "vrf"`, `"master": "bridge"`, 1)
-	if nad == string(b) {
-		t.Fatal(`the example definition no longer says "master": "vrf"`)
+	tapEntry := `"type": "galactic-tap",`
+	if identity != "" {
+		tapEntry += " " + identity + ","
 	}
-	file := filepath.Join(n.dir, "nad.yaml")
+	nad := string(b)
+	for _, edit := range []struct{ from, to string }{
+		{`"master": "vrf"`, `"master": "bridge"`},
+		{"\n  name: galactic\n", "\n  name: " + name + "\n"},
+		{`"type": "galactic-tap",`, tapEntry},
+	} {
+		if !strings.Contains(nad, edit.from) {
+			t.Fatalf("the example definition no longer has %q", edit.from)
+		}
+		nad = strings.Replace(nad, edit.from, edit.to, 1)
+	}
+	file := filepath.Join(n.dir, name+".yaml")
 	if err := os.WriteFile(file, []byte(nad), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -342,11 +374,9 @@ func (n *node) deleteAttachment(t *testing.T, name string) {
 	}
 }
 
-// galacticPod starts a pod with a galactic attachment (vpc, attachment),
-// named the way docs/operations.md tells.
-func (n *node) galacticPod(t *testing.T, name, vpc, attachment string) *corev1.Pod {
+// galacticPod starts a pod whose Multus networks annotation is networks.
+func (n *node) galacticPod(t *testing.T, name, networks string) *corev1.Pod {
 	t.Helper()
-	networks := fmt.Sprintf(`[{"name": "galactic", "namespace": "galactic-system", "cni-args": {"GALACTIC_VPC": %q, "GALACTIC_VPC_ATTACHMENT": %q}}]`, vpc, attachment)
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: tenantNS, Annotations: map[string]string{"k8s.v1.cni.cncf.io/networks": networks}},
 		Spec: corev1.PodSpec{
@@ -476,8 +506,8 @@ func (n *node) scenarioTheDaemonReclaimsATapWhoseDELNeverRan(t *testing.T) {
 	n.enableReclaim(t)
 	n.attachment(t, "att-4", "a", "4")
 	n.attachment(t, "att-5", "a", "5")
-	n.galacticPod(t, "vm-live", "a", "4")
-	lost := n.galacticPod(t, "vm-lost", "a", "5")
+	n.galacticPod(t, "vm-live", cniArgs("a", "4"))
+	lost := n.galacticPod(t, "vm-lost", cniArgs("a", "5"))
 	live, lostTap := n.tapOf(t, "a", "4"), n.tapOf(t, "a", "5")
 	liveRows := n.rows(t, live.Ifindex)
 	if n.rows(t, lostTap.Ifindex) == "" || liveRows == "" {
