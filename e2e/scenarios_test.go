@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -26,6 +25,7 @@ import (
 	"k8s.io/client-go/util/retry"
 
 	"github.com/datum-cloud/galactic-node/hubctl"
+	"github.com/datum-cloud/galactic-node/internal/opsdoc"
 )
 
 // The scenarios: the install, then pods on galactic's network, the reclaim
@@ -251,23 +251,9 @@ func (n *node) multusCRD(t *testing.T) string {
 // section, in order.
 func installSteps(t *testing.T) []string {
 	t.Helper()
-	doc, err := os.ReadFile(filepath.Join(repoRoot(), "docs", "operations.md"))
+	steps, err := opsdoc.InstallSteps(repoRoot())
 	if err != nil {
 		t.Fatal(err)
-	}
-	_, section, ok := strings.Cut(string(doc), "\n## Install\n")
-	if !ok {
-		t.Fatal("docs/operations.md has no Install section")
-	}
-	if i := strings.Index(section, "\n## "); i >= 0 {
-		section = section[:i]
-	}
-	var steps []string
-	for _, m := range regexp.MustCompile("(?s)```sh\n(.*?)\n\\s*```").FindAllStringSubmatch(section, -1) {
-		steps = append(steps, m[1])
-	}
-	if len(steps) == 0 {
-		t.Fatal("the Install section has no sh block")
 	}
 	return steps
 }
