@@ -109,24 +109,27 @@ func (n *node) importImage(archive, repo, digestFile string) error {
 	if digestFile == "" {
 		return nil
 	}
-	digest, err := os.ReadFile(digestFile)
+	b, err := os.ReadFile(digestFile)
 	if err != nil {
-		return err
+		return fmt.Errorf("import %s: %w", archive, err)
 	}
-	list, err := n.ctr("images", "list", "--quiet")
+	digest := strings.TrimSpace(string(b))
+	// REF TYPE DIGEST ...: the tag whose manifest is this archive's, not
+	// another build's of the same repository.
+	list, err := n.ctr("images", "list")
 	if err != nil {
 		return err
 	}
 	var tagged string
-	for name := range strings.FieldsSeq(list) {
-		if strings.HasPrefix(name, repo+":") {
-			tagged = name
+	for line := range strings.SplitSeq(list, "\n") {
+		if f := strings.Fields(line); len(f) > 2 && strings.HasPrefix(f[0], repo+":") && f[2] == digest {
+			tagged = f[0]
 		}
 	}
 	if tagged == "" {
-		return fmt.Errorf("import %s: no %s image after it: %s", archive, repo, out)
+		return fmt.Errorf("import %s: no %s image of digest %s after it: %s", archive, repo, digest, out)
 	}
-	_, err = n.ctr("images", "tag", "--force", tagged, repo+"@"+strings.TrimSpace(string(digest)))
+	_, err = n.ctr("images", "tag", "--force", tagged, repo+"@"+digest)
 	return err
 }
 

@@ -73,7 +73,7 @@ type node struct {
 	cgroups []string // the subtree in each hierarchy
 	holder  *exec.Cmd
 	created []string // mount points made on the host, removed at the end
-	procs   map[string]*exec.Cmd
+	daemons map[string]*daemon
 	pki     *pki
 	admin   string // cluster-admin kubeconfig
 	config  *rest.Config
@@ -92,7 +92,7 @@ func startNode(ctx context.Context, logf func(string, ...any), bins, testbin str
 	if err != nil {
 		return nil, err
 	}
-	n = &node{dir: dir, bins: bins, testbin: testbin, runtime: rt, netns: "galactic-e2e-" + id, cgroup: "galactic-e2e-" + id, procs: map[string]*exec.Cmd{}}
+	n = &node{dir: dir, bins: bins, testbin: testbin, runtime: rt, netns: "galactic-e2e-" + id, cgroup: "galactic-e2e-" + id, daemons: map[string]*daemon{}}
 	steps := []struct {
 		what string
 		do   func() error
@@ -107,6 +107,13 @@ func startNode(ctx context.Context, logf func(string, ...any), bins, testbin str
 		{"kube-controller-manager and kube-scheduler", n.startControllers},
 		{"containerd", func() error { return n.startContainerd(ctx) }},
 		{"kubelet", func() error { return n.startKubelet(ctx) }},
+		// A pod in a namespace before its ServiceAccount is refused.
+		{"the default ServiceAccount", func() error {
+			return n.waitFor(ctx, "the default ServiceAccount", 2*time.Minute, func() (bool, error) {
+				_, err := n.client.CoreV1().ServiceAccounts("default").Get(ctx, "default", metav1.GetOptions{})
+				return err == nil, nil
+			})
+		}},
 	}
 	for _, s := range steps {
 		start := time.Now()
@@ -168,18 +175,20 @@ func (n *node) makeCgroups() error {
 		base := filepath.Join(f[1], n.cgroup)
 		for _, d := range []string{base, filepath.Join(base, "system")} {
 			if err := os.Mkdir(d, 0o755); err != nil {
-				return err
+				return fmt.Errorf("make cgroup %s: %w", d, err)
+			}
+			if d == base {
+				n.cgroups = append(n.cgroups, base) // removed by stop from here on
 			}
 			// A v1 cpuset takes no process until it has CPUs and memory nodes.
 			for _, file := range []string{"cpuset.cpus", "cpuset.mems"} {
 				if v, err := os.ReadFile(filepath.Join(filepath.Dir(d), file)); err == nil {
 					if err := os.WriteFile(filepath.Join(d, file), v, 0o644); err != nil {
-						return err
+						return fmt.Errorf("cgroup %s: %s: %w", d, file, err)
 					}
 				}
 			}
 		}
-		n.cgroups = append(n.cgroups, base)
 	}
 	if len(n.cgroups) == 0 {
 		return errors.New("no cgroup hierarchy mounted")
@@ -246,6 +255,7 @@ func (n *node) startHolder() error {
 	n.holder = cmd
 	line, err := bufio.NewReader(stdout).ReadString('\n')
 	if err != nil || line != "ready\n" {
+		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
 		return fmt.Errorf("mounts: %w (%q): %s", err, line, stderr.Bytes())
 	}
@@ -259,7 +269,8 @@ func (n *node) inCgroup(name string, args ...string) *exec.Cmd {
 	for _, c := range n.cgroups {
 		procs = append(procs, filepath.Join(c, "system", "cgroup.procs"))
 	}
-	script := `for f in ` + strings.Join(procs, " ") + `; do echo $$ > "$f"; done; exec "$@"`
+	// A process left outside the subtree would outlive stop: fail instead.
+	script := `for f in ` + strings.Join(procs, " ") + `; do echo $$ > "$f" || exit 1; done; exec "$@"`
 	return exec.Command("sh", append([]string{"-c", script, "sh", name}, args...)...)
 }
 
@@ -281,25 +292,42 @@ func (n *node) start(name string, env []string, bin string, args ...string) erro
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start %s: %w", name, err)
 	}
-	n.procs[name] = cmd
-	go func() { _ = cmd.Wait() }()
+	d := &daemon{cmd: cmd, done: make(chan struct{})}
+	n.daemons[name] = d
+	go func() {
+		_ = cmd.Wait()
+		close(d.done)
+	}()
 	return nil
+}
+
+// daemon is a process of the node; done is closed once it has exited.
+type daemon struct {
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+func (d *daemon) exited() bool {
+	select {
+	case <-d.done:
+		return true
+	default:
+		return false
+	}
 }
 
 // kill stops a daemon with sig and waits for it to exit.
 func (n *node) kill(name string, sig syscall.Signal) {
-	cmd := n.procs[name]
-	if cmd == nil {
+	d := n.daemons[name]
+	if d == nil {
 		return
 	}
-	_ = cmd.Process.Signal(sig)
-	for range 300 {
-		if cmd.ProcessState != nil || syscall.Kill(cmd.Process.Pid, 0) != nil {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
+	_ = d.cmd.Process.Signal(sig)
+	select {
+	case <-d.done:
+	case <-time.After(30 * time.Second):
 	}
-	delete(n.procs, name)
+	delete(n.daemons, name)
 }
 
 // logTail is the end of a daemon's log, for a failure's message.
@@ -581,9 +609,9 @@ func (n *node) waitFor(ctx context.Context, what string, timeout time.Duration, 
 		if ok {
 			return nil
 		}
-		for name, cmd := range n.procs {
-			if cmd.ProcessState != nil {
-				return fmt.Errorf("waiting for %s: %s exited (%s):\n%s", what, name, cmd.ProcessState, n.logTail(name, 30))
+		for name, d := range n.daemons {
+			if d.exited() {
+				return fmt.Errorf("waiting for %s: %s exited (%s):\n%s", what, name, d.cmd.ProcessState, n.logTail(name, 30))
 			}
 		}
 		if time.Now().After(deadline) {
@@ -601,13 +629,11 @@ func (n *node) waitFor(ctx context.Context, what string, timeout time.Duration, 
 // processes are exactly those of its cgroup subtree (pods, shims and
 // daemons), so killing those leaves nothing behind.
 func (n *node) stop(logf func(string, ...any)) {
-	if cmd := n.procs["kubelet"]; cmd != nil {
-		n.kill("kubelet", syscall.SIGTERM)
-	}
+	n.kill("kubelet", syscall.SIGTERM)
 	if len(n.cgroups) > 0 {
-		procs := n.cgroups[0]
-		for i := 0; i < 100; i++ {
-			pids := cgroupPIDs(procs)
+		tree := n.cgroups[0]
+		for range 100 {
+			pids := cgroupPIDs(tree)
 			if len(pids) == 0 {
 				break
 			}

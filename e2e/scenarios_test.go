@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -143,6 +144,29 @@ func (n *node) galacticPodLifecycle(t *testing.T, name, vpc, attachment, network
 	if rows := n.rows(t, tap.Ifindex); len(rows) != 0 {
 		t.Fatalf("tap %s is gone but its rows stay: %s", tap.Name, rows)
 	}
+	// The plugin's own log of the DEL reaches the runtime's log through
+	// Multus: what the reclaim scenario reads to tell that no DEL ran.
+	if lines := n.pluginLog(tap.Owner); !slices.Contains(lines, "DEL") {
+		t.Fatalf("the runtime's log has no DEL of sandbox %s, only %v", tap.Owner, lines)
+	}
+}
+
+// pluginLog is the messages galactic-tap logged about sandbox into the
+// runtime's log, in order.
+func (n *node) pluginLog(sandbox string) []string {
+	var msgs []string
+	for line := range strings.SplitSeq(n.logTail("containerd", 1<<30), "\n") {
+		if !strings.Contains(line, `"plugin":"galactic-tap"`) || !strings.Contains(line, sandbox) {
+			continue
+		}
+		var entry struct {
+			Msg string `json:"msg"`
+		}
+		if json.Unmarshal([]byte(line), &entry) == nil {
+			msgs = append(msgs, entry.Msg)
+		}
+	}
+	return msgs
 }
 
 // ordinaryPod starts a pod on the primary network only and returns its
@@ -276,6 +300,9 @@ func (n *node) logsAreClean(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, p := range pods.Items {
+		if p.DeletionTimestamp != nil {
+			continue // the one a rollout replaces: its logs may go at any moment
+		}
 		var containers []corev1.Container
 		containers = append(containers, p.Spec.InitContainers...)
 		containers = append(containers, p.Spec.Containers...)
@@ -428,6 +455,7 @@ func (n *node) taps(t *testing.T) []tapView {
 		}
 		taps = wrapped.Items
 	}
+	slices.SortFunc(taps, func(a, b tapView) int { return strings.Compare(a.Name, b.Name) })
 	return taps
 }
 
@@ -502,10 +530,11 @@ func (n *node) scenarioTheDaemonReclaimsATapWhoseDELNeverRan(t *testing.T) {
 
 	sandbox := n.sandboxOf(t, lost)
 	n.loseSandbox(t, lost)
-	reclaimedBefore := n.reclaimed(t)
-	time.Sleep(2 * passInterval) // the DaemonSet's passes go on; the identity is still live
+	// Its identity is live: past the minimum age and two passes, the
+	// daemon must still keep the tap.
+	n.waitPasses(t, time.Now().Add(minCandidateAge), 2)
 	if _, err := n.inNode("ip", "link", "show", lostTap.Name).CombinedOutput(); err != nil {
-		t.Fatalf("the lost sandbox's tap went before its VPCAttachment did: %v", err)
+		t.Fatalf("the lost sandbox's tap went while its VPCAttachment lived: %v", err)
 	}
 	gone := time.Now()
 	n.deleteAttachment(t, "att-5")
@@ -514,6 +543,9 @@ func (n *node) scenarioTheDaemonReclaimsATapWhoseDELNeverRan(t *testing.T) {
 	n.waitNoTap(t, lostTap, minCandidateAge+2*passInterval+2*time.Minute)
 	t.Logf("the lost sandbox's tap was reclaimed %s after its VPCAttachment went (minimum age %s, passes every %s)",
 		time.Since(gone).Round(time.Second), minCandidateAge, passInterval)
+	if !n.passReclaimed(t, lostTap) {
+		t.Fatalf("no pass of the daemon reclaimed %s: it went some other way", lostTap.Name)
+	}
 	if rows := n.rows(t, lostTap.Ifindex); rows != "" {
 		t.Fatalf("the reclaimed tap's rows stay: %s", rows)
 	}
@@ -523,40 +555,67 @@ func (n *node) scenarioTheDaemonReclaimsATapWhoseDELNeverRan(t *testing.T) {
 	if got := n.rows(t, live.Ifindex); got != liveRows {
 		t.Fatalf("the live pod's rows changed:\n%s\nwere\n%s", got, liveRows)
 	}
-	if got := n.reclaimed(t); got <= reclaimedBefore {
-		t.Fatalf("the daemon's passes reclaimed %d taps, %d before: the tap went some other way", got, reclaimedBefore)
-	}
-	// And no DEL ran for the lost sandbox: the plugin logs each into the
-	// runtime's log.
-	for line := range strings.SplitSeq(n.logTail("containerd", 100000), "\n") {
-		if strings.Contains(line, `"msg":"DEL"`) && strings.Contains(line, sandbox) {
-			t.Fatalf("a DEL ran for the lost sandbox: %s", line)
+	// And no DEL, nor any other removal by the plugin, ran for the lost
+	// sandbox: it logged its ADD and nothing after.
+	for _, msg := range n.pluginLog(sandbox) {
+		if msg != "ADD" && msg != "tap ready" {
+			t.Fatalf("the plugin acted on the lost sandbox after its ADD: %q", msg)
 		}
 	}
 	passes, _ := n.galacticNode("passes")
 	t.Logf("passes:\n%s", passes)
 }
 
-// reclaimed is how many taps the daemon's recent passes removed.
-func (n *node) reclaimed(t *testing.T) int {
+// passReport is what `galactic-node passes -o json` says of a pass.
+type passReport struct {
+	Started   time.Time         `json:"started"`
+	Result    string            `json:"result"`
+	Reclaimed []json.RawMessage `json:"reclaimed"`
+}
+
+func (n *node) passes(t *testing.T) []passReport {
 	t.Helper()
 	out, err := n.galacticNode("passes", "-o", "json")
 	if err != nil {
 		t.Fatal(err)
 	}
 	var passes struct {
-		Items []struct {
-			Reclaimed []json.RawMessage `json:"reclaimed"`
-		} `json:"items"`
+		Items []passReport `json:"items"`
 	}
 	if err := json.Unmarshal([]byte(out), &passes); err != nil {
 		t.Fatalf("passes -o json: %v: %s", err, out)
 	}
-	total := 0
-	for _, p := range passes.Items {
-		total += len(p.Reclaimed)
+	return passes.Items
+}
+
+// waitPasses waits until count passes that started after since completed.
+func (n *node) waitPasses(t *testing.T, since time.Time, count int) {
+	t.Helper()
+	err := n.waitFor(context.Background(), fmt.Sprintf("%d passes after %s", count, since.Format(time.RFC3339)), 3*time.Minute, func() (bool, error) {
+		done := 0
+		for _, p := range n.passes(t) {
+			if p.Started.After(since) && p.Result == "completed" {
+				done++
+			}
+		}
+		return done >= count, nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
-	return total
+}
+
+// passReclaimed: a pass of the daemon reports tap among those it removed.
+func (n *node) passReclaimed(t *testing.T, tap tapView) bool {
+	t.Helper()
+	for _, p := range n.passes(t) {
+		for _, r := range p.Reclaimed {
+			if strings.Contains(string(r), `"`+tap.Name+`"`) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // enableReclaim takes the DaemonSet out of dry-run as docs/operations.md
@@ -577,7 +636,7 @@ func (n *node) enableReclaim(t *testing.T) {
 			if strings.Contains(a, "--dry-run") {
 				return fmt.Errorf("deploy/ still runs the daemon in dry-run: %v", c.Args)
 			}
-			if !strings.HasPrefix(a, "--interval=") {
+			if !strings.HasPrefix(a, "--interval=") && !strings.HasPrefix(a, "--min-candidate-age=") {
 				args = append(args, a)
 			}
 		}
@@ -610,7 +669,7 @@ func (n *node) loseSandbox(t *testing.T, pod *corev1.Pod) {
 	if len(ids) < 2 {
 		t.Fatalf("pod %s has containers %v, want its sandbox and its container", pod.Name, ids)
 	}
-	kubelet := n.procs["kubelet"].Process
+	kubelet := n.daemons["kubelet"].cmd.Process
 	if err := kubelet.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
@@ -622,7 +681,11 @@ func (n *node) loseSandbox(t *testing.T, pod *corev1.Pod) {
 		t.Fatal(err)
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		ns := tx.Bucket([]byte("v1")).Bucket([]byte("k8s.io"))
+		v1 := tx.Bucket([]byte("v1"))
+		if v1 == nil {
+			return errors.New("no v1 bucket in containerd's metadata")
+		}
+		ns := v1.Bucket([]byte("k8s.io"))
 		if ns == nil {
 			return errors.New("no k8s.io namespace in containerd's metadata")
 		}
@@ -675,6 +738,9 @@ func (n *node) scenarioARollingUpdateKeepsEveryLiveTap(t *testing.T) {
 	n.kubectl(t, "-n", "galactic-system", "set", "image", "daemonset/galactic-node",
 		"install-cni="+next, "galactic-node="+next)
 	n.waitRollout(t, "daemonset/galactic-node")
+	// Long enough for the new daemon to have removed a tap it wrongly took
+	// for stale: the minimum age and two passes past the rollout.
+	n.waitPasses(t, time.Now().Add(minCandidateAge), 2)
 	status, err := n.galacticNode("status")
 	if err != nil {
 		t.Fatal(err)
@@ -682,8 +748,7 @@ func (n *node) scenarioARollingUpdateKeepsEveryLiveTap(t *testing.T) {
 	if !strings.Contains(status, "e2e-next") {
 		t.Fatalf("the daemon after the update is not the second build:\n%s", status)
 	}
-	after := n.taps(t)
-	if len(after) != len(before) {
+	if after := n.taps(t); !slices.Equal(after, before) {
 		t.Fatalf("taps before the update %+v, after %+v", before, after)
 	}
 	for _, tap := range before {
@@ -691,8 +756,11 @@ func (n *node) scenarioARollingUpdateKeepsEveryLiveTap(t *testing.T) {
 		if got != rows[tap.Ifindex] {
 			t.Errorf("tap %s's rows changed in the update:\n%s\nwere\n%s", tap.Name, got, rows[tap.Ifindex])
 		}
-		if !strings.Contains(got, `"attached": true`) {
-			t.Errorf("tap %s has no program attached after the update: %s", tap.Name, got)
+		var v struct {
+			Attached bool `json:"attached"`
+		}
+		if err := json.Unmarshal([]byte(got), &v); err != nil || !v.Attached {
+			t.Errorf("tap %s has no program attached after the update (%v): %s", tap.Name, err, got)
 		}
 	}
 	n.logsAreClean(t)
@@ -735,8 +803,12 @@ func (n *node) scenarioHubctlReleasesTheClaimOfADeletedNetwork(t *testing.T) {
 		}
 	}
 	standIn, stop := context.WithCancel(ctx)
-	defer stop()
-	go n.addressService(standIn, t)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		addressService(standIn, d)
+	}()
+	defer func() { stop(); <-done }()
 	claims := d.Resource(hubctl.ClaimResource).Namespace("platform")
 	claimed := func(network string) (bool, error) {
 		_, err := claims.Get(ctx, hubctl.ClaimName(tenantNS, network), metav1.GetOptions{})
@@ -770,8 +842,7 @@ func (n *node) scenarioHubctlReleasesTheClaimOfADeletedNetwork(t *testing.T) {
 // installs but whose controller is another system's: it binds each claim
 // in the platform namespace to an allocation of its own, as the real one
 // does, until ctx ends.
-func (n *node) addressService(ctx context.Context, t *testing.T) {
-	d := n.dynamic(t)
+func addressService(ctx context.Context, d dynamic.Interface) {
 	claims := d.Resource(hubctl.ClaimResource).Namespace("platform")
 	allocs := d.Resource(hubctl.AllocationResource).Namespace("platform")
 	for block := 1; ctx.Err() == nil; time.Sleep(200 * time.Millisecond) {
@@ -809,9 +880,7 @@ func (n *node) addressService(ctx context.Context, t *testing.T) {
 // Uninstalling galactic leaves the node's own network working: ordinary
 // pods start and stop with their own plugin.
 func (n *node) scenarioUninstallLeavesOrdinaryPodsWorking(t *testing.T) {
-	for _, name := range []string{"vm-live"} {
-		n.deletePod(t, tenantNS, name)
-	}
+	n.deletePod(t, tenantNS, "vm-live")
 	n.kubectl(t, "delete", "-k", "deploy/", "--wait=true")
 	n.ordinaryPodRoundTrip(t, "after-uninstall")
 }

@@ -27,13 +27,13 @@ export GOWORK=off
 want=(kubelet kube-controller-manager kube-scheduler containerd containerd-shim-runc-v2 ctr
 	bridge host-local loopback multus multus-daemonset.yml
 	containerd-1.6/containerd containerd-1.6/containerd-shim-runc-v2 containerd-1.6/ctr)
-complete() {
+have_all() {
 	local b
 	for b in "${want[@]}"; do
 		[ -e "$OUT/$b" ] || return 1
 	done
 }
-if complete; then
+if have_all; then
 	echo "$OUT"
 	exit 0
 fi
@@ -144,6 +144,11 @@ unpack_containerd16() {
 	cp "$work/containerd16/usr/bin/containerd" "$work/containerd16/usr/bin/containerd-shim-runc-v2" \
 		"$work/containerd16/usr/bin/ctr" "$OUT/containerd-1.6.tmp/"
 	dpkg-deb -f "$work"/containerd_*.deb Version >"$OUT/containerd-1.6.tmp/VERSION"
+	# The e2e names this runtime 1.6: refuse another release's containerd.
+	grep -q '^1\.6\.' "$OUT/containerd-1.6.tmp/VERSION" || {
+		echo "e2ebin: Debian's containerd is $(cat "$OUT/containerd-1.6.tmp/VERSION"), not 1.6" >&2
+		exit 1
+	}
 	rm -rf "$OUT/containerd-1.6"
 	mv "$OUT/containerd-1.6.tmp" "$OUT/containerd-1.6"
 }
