@@ -26,6 +26,11 @@ require (
 require go.etcd.io/bbolt v1.5.0
 
 require (
+	golang.org/x/mod v0.41.0 // indirect
+	golang.org/x/tools v0.51.0
+)
+
+require (
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/blang/semver/v4 v4.0.0 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
