@@ -407,6 +407,13 @@ func (n *node) startAPIServer(ctx context.Context) error {
 	if n.config, err = clientcmd.BuildConfigFromFlags("", n.admin); err != nil {
 		return err
 	}
+	// Key pairs in memory: client-go reloads file-named ones in a goroutine
+	// of its own, which outlives the node and logs for every look at the
+	// removed files.
+	if err := rest.LoadTLSFiles(n.config); err != nil {
+		return fmt.Errorf("load the admin key pair: %w", err)
+	}
+	n.config.CertFile, n.config.KeyFile, n.config.CAFile = "", "", ""
 	n.config.Dial = n.dial
 	n.config.QPS, n.config.Burst = 50, 100
 	if n.client, err = kubernetes.NewForConfig(n.config); err != nil {
