@@ -509,7 +509,7 @@ func (n *node) rows(t *testing.T, ifindex uint32) string {
 // 1m and 5m would make the mission's case seven minutes long.
 const (
 	passInterval    = 5 * time.Second
-	minCandidateAge = 30 * time.Second
+	minCandidateAge = 15 * time.Second
 )
 
 // The mission's case on a real node: the DaemonSet's daemon, reading
