@@ -78,14 +78,7 @@ pin-images:
 demo: build
 	hack/demo.sh
 
-# The slow parts overlap where one mostly waits: the e2e cluster's parts
-# build (CPU) while the privileged tests mostly sleep through passes and
-# timeouts, and the fuzz targets build and run while the e2e waits on its
-# kubelet. Serially a cold run took 57 min on 2 cores. -O keeps each
-# target's output together.
-test: fmt-check vet alert-test
-	$(MAKE) --no-print-directory -O -j2 test-privileged e2ebin
-	$(MAKE) --no-print-directory -O -j2 fuzz e2e
+test: fmt-check vet alert-test test-privileged fuzz e2e
 
 # The real kube-apiserver and etcd, built once per machine (hack/testbin.sh).
 testbin:
@@ -96,8 +89,7 @@ testbin:
 # reference CNI plugins and Multus, built once per machine
 # (hack/e2ebin.sh), with the testbin's kube-apiserver and etcd and the
 # images `make images` builds.
-# After the testbin, whose build of Kubernetes' packages it reuses.
-e2ebin: testbin
+e2ebin:
 	@hack/e2ebin.sh >/dev/null
 
 e2e: testbin e2ebin images
