@@ -20,15 +20,12 @@ import (
 
 	"github.com/datum-cloud/galactic-node/admin"
 	"github.com/datum-cloud/galactic-node/ebpf/datapath"
-	"github.com/datum-cloud/galactic-node/internal/clustertest"
 	"github.com/datum-cloud/galactic-node/internal/syncbuf"
 	"github.com/datum-cloud/galactic-node/node/attachreg"
 	"github.com/datum-cloud/galactic-node/node/identity"
 	"github.com/datum-cloud/galactic-node/node/nodeview"
 	"github.com/datum-cloud/galactic-node/node/reclaim"
 )
-
-func TestMain(m *testing.M) { os.Exit(clustertest.Main(m)) }
 
 const (
 	adminToken = "admin-0123456789abcdef"

@@ -90,7 +90,7 @@ func BackendOf(node interface {
 // Config configures the handler.
 type Config struct {
 	Tokens *TokenFile // may be nil
-	Kube   *KubeAuth  // delegated auth; nil disables it
+	Kube   Reviewer   // delegated auth (kubeauth.Reviewer); nil disables it
 	// Peers admits unix-socket callers that send no token by their kernel
 	// credentials (PeerContext must be the server's ConnContext); nil
 	// admits none that way.
@@ -288,7 +288,7 @@ func (h *handler) authorize(need Role, verb string) func(http.Handler) http.Hand
 			case h.cfg.Kube != nil:
 				user, allowed, err := h.cfg.Kube.Review(r.Context(), token, verb, h.failures)
 				switch {
-				case errors.Is(err, errNoBudget):
+				case errors.Is(err, ErrNoBudget):
 					tooManyFailures(w, r)
 					return
 				case err != nil:
@@ -303,7 +303,7 @@ func (h *handler) authorize(need Role, verb string) func(http.Handler) http.Hand
 					return
 				}
 				principal = "kube:" + user
-			case !h.failures.take(time.Now()):
+			case !h.failures.Take(time.Now()):
 				tooManyFailures(w, r)
 				return
 			default:
@@ -533,9 +533,38 @@ func (w *window) allow(now time.Time) (retryAfter time.Duration, ok bool) {
 	return 0, true
 }
 
-// errNoBudget is what a delegated review returns instead of asking the API
-// server while the budget of failed authentications is spent.
-var errNoBudget = errors.New("too many failed authentications")
+// ErrNoBudget is what a Reviewer returns instead of asking while the
+// budget of failed authentications is spent.
+var ErrNoBudget = errors.New("too many failed authentications")
+
+// Group and resource of the virtual resource that a Reviewer asks about:
+// read routes need "get", forcing a pass needs "create". RBAC rules that
+// let an operator in name them.
+const (
+	KubeAuthGroup    = "galactic.datum.net"
+	KubeAuthResource = "nodes"
+)
+
+// Reviewer judges a bearer token that no token file holds by asking an
+// authority outside the node: kubeauth.Reviewer asks the API server.
+type Reviewer interface {
+	// Review authenticates token and asks whether its user may verb this
+	// node's KubeAuthResource. user is empty when the token did not
+	// authenticate. A review it cannot answer from what it already knows
+	// first takes a unit of budget (nil: no budget), and gives it back when
+	// the token authenticates; with none left it asks nothing and returns
+	// ErrNoBudget.
+	Review(ctx context.Context, token, verb string, budget Budget) (user string, allowed bool, err error)
+}
+
+// Budget is the handler's budget of failed authentications, which a
+// Reviewer spends on the tokens it must ask about.
+type Budget interface {
+	// Take spends a unit if one is left.
+	Take(now time.Time) bool
+	// Give returns a unit spent on what turned out not to be a failure.
+	Give()
+}
 
 // bucket is a token bucket: up to burst units, refilled at perSecond.
 type bucket struct {
@@ -550,8 +579,8 @@ func newBucket(burst, perSecond int, now time.Time) *bucket {
 	return &bucket{burst: float64(burst), perSecond: float64(perSecond), units: float64(burst), at: now}
 }
 
-// take spends a unit if one is left.
-func (b *bucket) take(now time.Time) bool {
+// Take spends a unit if one is left.
+func (b *bucket) Take(now time.Time) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if now.After(b.at) {
@@ -565,8 +594,8 @@ func (b *bucket) take(now time.Time) bool {
 	return true
 }
 
-// give returns a unit spent on what turned out not to be a failure.
-func (b *bucket) give() {
+// Give returns a unit spent on what turned out not to be a failure.
+func (b *bucket) Give() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.units = min(b.burst, b.units+1)

@@ -23,6 +23,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/datum-cloud/galactic-node/admin"
+	"github.com/datum-cloud/galactic-node/admin/kubeauth"
 	"github.com/datum-cloud/galactic-node/ebpf/datapath"
 	"github.com/datum-cloud/galactic-node/internal/buildinfo"
 	"github.com/datum-cloud/galactic-node/internal/buildinfo/buildmetric"
@@ -356,12 +357,12 @@ func runDaemon(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 			// A review the API server never answers must not hold a
 			// request (and its connection) forever.
 			kcfg := rest.CopyConfig(cfg)
-			kcfg.Timeout = 2 * admin.ReviewTimeout
+			kcfg.Timeout = 2 * kubeauth.ReviewTimeout
 			cs, err := kubernetes.NewForConfig(kcfg)
 			if err != nil {
 				return fmt.Errorf("delegated auth client: %w", err)
 			}
-			acfg.Kube = admin.NewKubeAuth(cs, f.nodeName)
+			acfg.Kube = kubeauth.New(cs, f.nodeName)
 		}
 		h := admin.NewHandler(admin.BackendOf(ag), acfg)
 		if f.adminSocket != "" {

@@ -1,4 +1,4 @@
-package admin
+package kubeauth
 
 import (
 	"crypto/sha256"

@@ -1,4 +1,9 @@
-package admin
+// Package kubeauth is the admin API's delegated authentication: a bearer
+// token that no token file holds is judged by the API server, with a
+// TokenReview and a SubjectAccessReview, as kubelet judges its callers.
+// It is apart from package admin so that the HTTP handling, which the
+// fuzzer instruments, links no client-go.
+package kubeauth
 
 import (
 	"container/list"
@@ -14,13 +19,8 @@ import (
 	authzv1 "k8s.io/api/authorization/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
-)
 
-// Group and resource of the virtual resource that SubjectAccessReviews ask
-// about: read routes need "get", forcing a pass needs "create".
-const (
-	KubeAuthGroup    = "galactic.datum.net"
-	KubeAuthResource = "nodes"
+	"github.com/datum-cloud/galactic-node/admin"
 )
 
 // How long review results are kept, how many, and how long a review may
@@ -34,16 +34,18 @@ const (
 	ReviewTimeout    = 5 * time.Second
 )
 
-// KubeAuth delegates authentication (TokenReview) and authorisation
-// (SubjectAccessReview) to the API server, as kubelet does. Results are
+// Reviewer delegates authentication (TokenReview) and authorisation
+// (SubjectAccessReview) to the API server, as kubelet does: it is an
+// admin.Reviewer that asks about admin.KubeAuthResource in
+// admin.KubeAuthGroup, named after the node. Results are
 // cached in bounded LRU caches: authentication by the token's SHA-256,
 // authorisation by the whole user the TokenReview returned (name, UID,
 // groups, extra) and the verb, so that two tokens of one name with
 // different groups are judged apart.
-type KubeAuth struct {
+type Reviewer struct {
 	client kubernetes.Interface
 	node   string
-	// Timeout bounds each review request; NewKubeAuth sets ReviewTimeout.
+	// Timeout bounds each review request; New sets ReviewTimeout.
 	Timeout time.Duration
 
 	authn *lru[authnResult]
@@ -55,9 +57,9 @@ type authnResult struct {
 	ok   bool
 }
 
-// NewKubeAuth returns a delegated authenticator for the node called node.
-func NewKubeAuth(client kubernetes.Interface, node string) *KubeAuth {
-	return &KubeAuth{client: client, node: node, Timeout: ReviewTimeout,
+// New returns a delegated authenticator for the node called node.
+func New(client kubernetes.Interface, node string) *Reviewer {
+	return &Reviewer{client: client, node: node, Timeout: ReviewTimeout,
 		authn: newLRU[authnResult](MaxCachedReviews), authz: newLRU[bool](MaxCachedReviews)}
 }
 
@@ -65,8 +67,9 @@ func NewKubeAuth(client kubernetes.Interface, node string) *KubeAuth {
 // admin resource. user is empty when the token did not authenticate. A
 // token not in the cache needs a unit of the failure budget (nil: no
 // budget), spent before its TokenReview and given back when it
-// authenticates; without one, Review asks nothing and returns errNoBudget.
-func (k *KubeAuth) Review(ctx context.Context, token, verb string, budget *bucket) (user string, allowed bool, err error) {
+// authenticates; without one, Review asks nothing and returns
+// admin.ErrNoBudget.
+func (k *Reviewer) Review(ctx context.Context, token, verb string, budget admin.Budget) (user string, allowed bool, err error) {
 	info, ok, err := k.authenticate(ctx, token, budget)
 	if err != nil || !ok {
 		return "", false, err
@@ -75,14 +78,14 @@ func (k *KubeAuth) Review(ctx context.Context, token, verb string, budget *bucke
 	return info.Username, allowed, err
 }
 
-func (k *KubeAuth) authenticate(ctx context.Context, token string, budget *bucket) (authnv1.UserInfo, bool, error) {
+func (k *Reviewer) authenticate(ctx context.Context, token string, budget admin.Budget) (authnv1.UserInfo, bool, error) {
 	key := sha256.Sum256([]byte(token))
 	now := time.Now()
 	if r, hit := k.authn.get(key, now); hit {
 		return r.user, r.ok, nil
 	}
-	if budget != nil && !budget.take(now) {
-		return authnv1.UserInfo{}, false, errNoBudget
+	if budget != nil && !budget.Take(now) {
+		return authnv1.UserInfo{}, false, admin.ErrNoBudget
 	}
 	ctx, cancel := context.WithTimeout(ctx, k.Timeout)
 	defer cancel()
@@ -91,7 +94,7 @@ func (k *KubeAuth) authenticate(ctx context.Context, token string, budget *bucke
 		// Not the caller's failure: the budget is for tokens the API
 		// server refused.
 		if budget != nil {
-			budget.give()
+			budget.Give()
 		}
 		return authnv1.UserInfo{}, false, fmt.Errorf("token review: %w", err)
 	}
@@ -100,14 +103,14 @@ func (k *KubeAuth) authenticate(ctx context.Context, token string, budget *bucke
 	if r.ok {
 		ttl = AuthnTTL
 		if budget != nil {
-			budget.give()
+			budget.Give()
 		}
 	}
 	k.authn.put(key, r, now.Add(ttl))
 	return r.user, r.ok, nil
 }
 
-func (k *KubeAuth) authorize(ctx context.Context, user authnv1.UserInfo, verb string) (bool, error) {
+func (k *Reviewer) authorize(ctx context.Context, user authnv1.UserInfo, verb string) (bool, error) {
 	key := authzKey(user, verb)
 	now := time.Now()
 	if allowed, hit := k.authz.get(key, now); hit {
@@ -121,7 +124,7 @@ func (k *KubeAuth) authorize(ctx context.Context, user authnv1.UserInfo, verb st
 	defer cancel()
 	sar, err := k.client.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authzv1.SubjectAccessReview{Spec: authzv1.SubjectAccessReviewSpec{
 		User: user.Username, UID: user.UID, Groups: user.Groups, Extra: extra,
-		ResourceAttributes: &authzv1.ResourceAttributes{Group: KubeAuthGroup, Resource: KubeAuthResource, Name: k.node, Verb: verb},
+		ResourceAttributes: &authzv1.ResourceAttributes{Group: admin.KubeAuthGroup, Resource: admin.KubeAuthResource, Name: k.node, Verb: verb},
 	}}, metav1.CreateOptions{})
 	if err != nil {
 		return false, fmt.Errorf("subject access review: %w", err)
