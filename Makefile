@@ -88,19 +88,24 @@ testbin:
 # kubelet, kube-controller-manager, kube-scheduler, containerd, the
 # reference CNI plugins and Multus, built once per machine
 # (hack/e2ebin.sh), with the testbin's kube-apiserver and etcd and the
-# images `make images` builds.
+# images `make images` builds. Race-enabled like the other tests, so that
+# its packages come out of their build.
 e2ebin:
 	@hack/e2ebin.sh >/dev/null
 
 e2e: testbin e2ebin images
 	@if [ "$$(id -u)" != 0 ]; then echo "make e2e runs a kubelet and containerd: run it as root"; exit 1; fi
-	GALACTICTEST_E2EBIN=$$(hack/e2ebin.sh) KUBEBUILDER_ASSETS=$$(hack/testbin.sh) $(GO) test -count=1 -timeout 30m -v ./e2e
+	GALACTICTEST_E2EBIN=$$(hack/e2ebin.sh) KUBEBUILDER_ASSETS=$$(hack/testbin.sh) $(GO) test -race -count=1 -timeout 30m -v ./e2e
 
 # The container tests (integration/container_test.go) run the images
-# `make images` writes, in podman.
+# `make images` writes, in podman. -p 4 on two cores: go test counts a
+# running test binary against -p as it counts a compile, and the longest
+# packages (integration, node/reclaim) spend minutes mostly waiting on
+# the kernel, the API server and their own timers, which at -p 2 held
+# one core's compiles back for as long.
 test-privileged: testbin images
 	@if [ "$$(id -u)" != 0 ]; then echo "make test runs privileged tests: run it as root (sudo make test), or use make test-unit"; exit 1; fi
-	KUBEBUILDER_ASSETS=$$(hack/testbin.sh) $(GO) test -race -count=1 -timeout 30m $(TESTPKGS)
+	KUBEBUILDER_ASSETS=$$(hack/testbin.sh) $(GO) test -race -p 4 -count=1 -timeout 30m $(TESTPKGS)
 
 # The alert rules' unit tests (deploy/alerts/tests), run by promtool at the
 # Prometheus version go.mod requires, built once per machine (hack/promtool.sh).
@@ -150,8 +155,11 @@ fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 
+# -race: vet compiles every package it checks, and their dependencies, for
+# their type information; built as the race-enabled tests build them, that
+# compile is the tests' too, instead of a second one of the whole tree.
 vet:
-	$(GO) vet $(PKGS)
+	$(GO) vet -race $(PKGS)
 
 # Regenerates the eBPF object and bindings from ebpf/datapath/bpf/*.c, and
 # records the source's hash so that `make test` fails on a stale object.

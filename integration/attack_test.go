@@ -976,12 +976,12 @@ var hookMarkers = []string{"GALACTICTEST_", "AfterLinks", "deleteFault", "ignore
 	"BreakDirectRead", "BreakRetainCheck", "BreakRelease", "retainCheck", "directRead", "hangAfterLinks"}
 
 // TestProductBinariesCarryNoTestHooks builds the three product binaries as
-// `make build` does and finds none of hookMarkers in their bytes or symbol
+// `make images` does and finds none of hookMarkers in their bytes or symbol
 // tables; the daemon built with the test hooks tag shows the detector
 // works.
 func TestProductBinariesCarryNoTestHooks(t *testing.T) {
 	hubctl := filepath.Join(t.TempDir(), "galactic-hubctl")
-	if out, err := exec.Command("go", "build", "-o", hubctl, "../cmd/galactic-hubctl").CombinedOutput(); err != nil {
+	if out, err := goBuild("-o", hubctl, "../cmd/galactic-hubctl").CombinedOutput(); err != nil {
 		t.Fatalf("build hubctl: %v\n%s", err, out)
 	}
 	found := func(bin string) []string {

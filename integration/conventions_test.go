@@ -35,7 +35,7 @@ func hubctlBin(t *testing.T) string {
 	t.Helper()
 	hubctlOnce.Do(func() {
 		hubctlBinary = filepath.Join(filepath.Dir(binary), "galactic-hubctl")
-		if out, err := exec.Command("go", "build", "-o", hubctlBinary, "../cmd/galactic-hubctl").CombinedOutput(); err != nil {
+		if out, err := goBuild("-o", hubctlBinary, "../cmd/galactic-hubctl").CombinedOutput(); err != nil {
 			hubctlErr = errors.New("build hubctl: " + err.Error() + "\n" + string(out))
 		}
 	})
@@ -110,11 +110,11 @@ func TestConventionVersionComesFromTheBuild(t *testing.T) {
 	for name, pkg := range map[string]string{"galactic-node": "main.version", "galactic-hubctl": "main.version", "galactic-tap": "main.buildVersion"} {
 		vcs, flagged := filepath.Join(dir, name+"-vcs"), filepath.Join(dir, name+"-ldflags")
 		for _, args := range [][]string{
-			{"build", "-buildvcs=true", "-o", vcs, "../cmd/" + name},
-			{"build", "-ldflags", "-X " + pkg + "=v9.8.7-test", "-o", flagged, "../cmd/" + name},
+			{"-buildvcs=true", "-o", vcs, "../cmd/" + name},
+			{"-ldflags", "-X " + pkg + "=v9.8.7-test", "-o", flagged, "../cmd/" + name},
 		} {
-			if out, err := exec.Command("go", args...).CombinedOutput(); err != nil {
-				t.Fatalf("go %v: %v\n%s", args, err, out)
+			if out, err := goBuild(args...).CombinedOutput(); err != nil {
+				t.Fatalf("go build %v: %v\n%s", args, err, out)
 			}
 		}
 		if r := runBin(t, flagged, nil, "--version"); r.stdout != "v9.8.7-test\n" {
