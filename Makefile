@@ -100,9 +100,9 @@ e2e: testbin e2ebin images
 # The container tests (integration/container_test.go) run the images
 # `make images` writes, in podman. -p 4 on two cores: go test counts a
 # running test binary against -p as it counts a compile, and the longest
-# packages (integration, node/reclaim) spend minutes mostly waiting on
-# the kernel, the API server and their own timers, which at -p 2 held
-# one core's compiles back for as long.
+# packages (integration, node/reclaim) run for minutes, partly waiting on
+# the kernel, the API server and their own timers; at -p 2 each held a
+# compile slot for as long.
 test-privileged: testbin images
 	@if [ "$$(id -u)" != 0 ]; then echo "make test runs privileged tests: run it as root (sudo make test), or use make test-unit"; exit 1; fi
 	KUBEBUILDER_ASSETS=$$(hack/testbin.sh) $(GO) test -race -p 4 -count=1 -timeout 30m $(TESTPKGS)
