@@ -88,11 +88,12 @@ testbin:
 # kubelet, kube-controller-manager, kube-scheduler, containerd, the
 # reference CNI plugins and Multus, built once per machine
 # (hack/e2ebin.sh), with the testbin's kube-apiserver and etcd and the
-# images `make images` builds. Race-enabled like the other tests, so that
-# its packages come out of their build.
+# images `make images` builds.
 e2ebin:
 	@hack/e2ebin.sh >/dev/null
 
+# Race-enabled like the other tests, so that its packages come out of
+# their build.
 e2e: testbin e2ebin images
 	@if [ "$$(id -u)" != 0 ]; then echo "make e2e runs a kubelet and containerd: run it as root"; exit 1; fi
 	GALACTICTEST_E2EBIN=$$(hack/e2ebin.sh) KUBEBUILDER_ASSETS=$$(hack/testbin.sh) $(GO) test -race -count=1 -timeout 30m -v ./e2e
