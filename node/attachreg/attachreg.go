@@ -335,29 +335,57 @@ func (r *Registry) UnregisterInterface(ctx context.Context, ifindex uint32) erro
 // demand, and the product carries no switch for it.
 func (r *Registry) unregister(ifindex uint32, maps []perInterfaceMap) error {
 	var errs []error
-	// The identity whose counters may go too, read before its row goes.
-	id, bound, err := r.boundIdentity(ifindex)
-	if err != nil {
-		errs = append(errs, fmt.Errorf("map decisions: identity: %w", err))
-	}
-	// Policy first: from then on the program drops the interface's frames
-	// as unregistered instead of applying a half-removed configuration.
-	for _, m := range orderPolicyFirst(maps) {
-		if err := m.delete(ifindex); err != nil {
-			errs = append(errs, fmt.Errorf("map %s: %w", m.name, err))
+	for _, s := range r.unregisterSteps(ifindex, maps) {
+		if err := s.do(); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", s.what, err))
 		}
-	}
-	if err := r.clearDecisionsOf(ifindex, id, bound); err != nil {
-		errs = append(errs, fmt.Errorf("map decisions: %w", err))
-	}
-	if err := r.detachWhenGone(ifindex); err != nil {
-		errs = append(errs, fmt.Errorf("tcx link: %w", err))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("unregister interface %d: %w", ifindex, err)
 	}
 	r.log.Info("interface unregistered", "ifindex", ifindex)
 	return nil
+}
+
+// unregisterStep is one step of an unregister; what names it in errors.
+type unregisterStep struct {
+	what string
+	do   func() error
+}
+
+// unregisterSteps are an unregister's steps in the order they run, which is
+// what a teardown killed between any two of them leaves behind. The policy
+// row goes first: from then on the program drops the interface's frames as
+// unregistered instead of applying a half-removed configuration. The
+// ifindex_vrf row goes last, after the link pin: whatever is left still
+// names its identity (Registered), so the DEL the runtime retries for that
+// identity finds it even though the tap is already gone.
+func (r *Registry) unregisterSteps(ifindex uint32, maps []perInterfaceMap) []unregisterStep {
+	var steps []unregisterStep
+	var identityRow *unregisterStep
+	for _, m := range orderPolicyFirst(maps) {
+		s := unregisterStep{what: "map " + m.name, do: func() error { return m.delete(ifindex) }}
+		if m.name == r.dp.IfindexVRF.Name() {
+			identityRow = &s
+			continue
+		}
+		steps = append(steps, s)
+	}
+	// The identity whose counters may go too, read before its row goes.
+	id, bound, idErr := r.boundIdentity(ifindex)
+	steps = append(steps,
+		unregisterStep{what: "map decisions", do: func() error {
+			if idErr != nil {
+				return fmt.Errorf("identity: %w", idErr)
+			}
+			return r.clearDecisionsOf(ifindex, id, bound)
+		}},
+		unregisterStep{what: "tcx link", do: func() error { return r.detachWhenGone(ifindex) }},
+	)
+	if identityRow != nil {
+		steps = append(steps, *identityRow)
+	}
+	return steps
 }
 
 func orderPolicyFirst(maps []perInterfaceMap) []perInterfaceMap {

@@ -272,6 +272,45 @@ func TestUnregisterLeavesNoRowOfTheInterfaceInAnyMap(t *testing.T) {
 	}
 }
 
+// TestAnUnregisterKilledAnywhereLeavesWhatItsIdentityFinds: the teardown
+// deletes the tap and then unregisters it; a DEL killed between two steps of
+// the unregister is retried by the runtime for the same identity, and that
+// retry finds the gone tap's leftovers by the identity Registered reports.
+// Left rows or a left pin that name no identity would stay forever (as a
+// kill after the ifindex_vrf row once left a pinned TCX link).
+func TestAnUnregisterKilledAnywhereLeavesWhatItsIdentityFinds(t *testing.T) {
+	s := newScene(t)
+	ctx := context.Background()
+	for k := 0; ; k++ {
+		id := identity.Identity{VPC: 62, Attachment: identity.Attachment(100 + k)}
+		ifindex, f := s.tap(t, id)
+		if err := s.reg.RegisterInterface(ctx, ifindex, registration(id)); err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
+		s.ns.IP(t, "link", "del", id.TapName())
+		steps := s.reg.UnregisterKilledAfter(ifindex, k)
+		regs, err := s.reg.Registered()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range regs {
+			if r.Ifindex == ifindex && r.Identity != id {
+				t.Fatalf("killed after step %d of %d: interface %d is left as %+v, naming no identity", k, steps, ifindex, r)
+			}
+		}
+		if err := s.reg.UnregisterInterface(ctx, ifindex); err != nil {
+			t.Fatal(err)
+		}
+		if k >= steps {
+			break
+		}
+	}
+	if regs, err := s.reg.Registered(); err != nil || len(regs) != 0 {
+		t.Fatalf("left after every retried unregister: %+v, %v", regs, err)
+	}
+}
+
 func TestAFailingMapDeleteDoesNotStopTheOthers(t *testing.T) {
 	s := newScene(t)
 	ctx := context.Background()

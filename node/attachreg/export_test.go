@@ -25,3 +25,15 @@ func (r *Registry) UnregisterWithFault(ctx context.Context, ifindex uint32, faul
 	}
 	return r.unregister(ifindex, maps)
 }
+
+// UnregisterKilledAfter runs only the first n steps of UnregisterInterface,
+// as a teardown SIGKILLed after its n-th step leaves things, and returns
+// how many steps a whole unregister has. A kill cannot be placed between
+// two syscalls of a real process on demand.
+func (r *Registry) UnregisterKilledAfter(ifindex uint32, n int) int {
+	steps := r.unregisterSteps(ifindex, r.perInterfaceMaps())
+	for _, s := range steps[:min(n, len(steps))] {
+		_ = s.do()
+	}
+	return len(steps)
+}
