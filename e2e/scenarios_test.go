@@ -40,8 +40,11 @@ var (
 	containerd16 = runtimeKind{name: "containerd 1.6 (Debian 12)", dir: "containerd-1.6", configVersion: 2}
 )
 
-func TestOnContainerd2(t *testing.T)  { runScenarios(t, containerd2) }
-func TestOnContainerd16(t *testing.T) { runScenarios(t, containerd16) }
+// The two nodes run side by side: each lives in namespaces, folders and a
+// cgroup subtree of its own, and a node spends most of its run waiting on
+// its kubelet, containerd and the daemon's passes, not on the CPU.
+func TestOnContainerd2(t *testing.T)  { t.Parallel(); runScenarios(t, containerd2) }
+func TestOnContainerd16(t *testing.T) { t.Parallel(); runScenarios(t, containerd16) }
 
 var scenarios = []struct {
 	name string
