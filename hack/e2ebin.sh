@@ -9,20 +9,22 @@
 # Debian's package without installing it.
 #
 # The Kubernetes commands are built the way hack/testbin.sh builds
-# kube-apiserver, and with its flags, so the packages they share come out of
-# the same build cache. docs/e2e.md has the figures.
+# kube-apiserver, in the same module graph and with its flags
+# (hack/k8smodule.sh), so the packages they share come out of the same build
+# cache. docs/e2e.md has the figures.
 set -euo pipefail
 
 K8S_VERSION=${K8S_VERSION:-1.37.2}
 CONTAINERD_VERSION=${CONTAINERD_VERSION:-2.4.2}
 PLUGINS_VERSION=${PLUGINS_VERSION:-1.10.0}
 MULTUS_VERSION=${MULTUS_VERSION:-4.2.3}
-STAGING_VERSION=0.${K8S_VERSION#1.}
 CACHE=${GALACTICTEST_E2EBIN_CACHE:-/var/cache/galactic-node/e2ebin}
 OUT="$CACHE/k8s-$K8S_VERSION-containerd-$CONTAINERD_VERSION-plugins-$PLUGINS_VERSION-multus-$MULTUS_VERSION"
 export PATH="$PATH:/usr/local/go/bin"
 export GOFLAGS=-mod=mod
 export GOWORK=off
+# shellcheck source=hack/k8smodule.sh
+. "$(dirname "$0")/k8smodule.sh"
 
 want=(kubelet kube-controller-manager kube-scheduler containerd containerd-shim-runc-v2 ctr
 	bridge host-local loopback multus multus-daemonset.yml
@@ -43,19 +45,8 @@ chmod 755 "$work" # apt-get download writes as _apt
 trap 'rm -rf "$work"' EXIT
 
 build_kubernetes() {
-	local dir="$work/kubernetes" gomod minor ldflags cmd
-	gomod=$(go mod download -json "k8s.io/kubernetes@v$K8S_VERSION" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
-	mkdir -p "$dir"
-	{
-		echo "module e2ebin/kubernetes"
-		echo
-		echo "go 1.26"
-		echo
-		echo "require k8s.io/kubernetes v$K8S_VERSION"
-		echo
-		grep -E '^\s*k8s\.io/[^ ]+ => \./staging' "$gomod" |
-			awk -v v="v$STAGING_VERSION" '{print "replace " $1 " => " $1 " " v}'
-	} >"$dir/go.mod"
+	local dir="$work/kubernetes" cmd missing=()
+	k8s_module "$dir" e2ebin/kubernetes
 	# The commands' own main functions, as cmd/<name>/<name>.go has them.
 	mkdir -p "$dir/kubelet" "$dir/kube-controller-manager" "$dir/kube-scheduler"
 	cat >"$dir/kubelet/main.go" <<'GO'
@@ -95,25 +86,10 @@ import (
 
 func main() { os.Exit(cli.Run(app.NewSchedulerCommand())) }
 GO
-	minor=${K8S_VERSION#1.}
-	minor=${minor%%.*}
-	ldflags="-X k8s.io/component-base/version.gitVersion=v$K8S_VERSION"
-	ldflags+=" -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor"
-	(cd "$dir" && go mod tidy >&2)
-	# One go build for the three: their links, each mostly one thread, run
-	# side by side and beside the compiles, where three builds in turn leave
-	# a core idle through each link.
-	local missing=()
 	for cmd in kube-scheduler kube-controller-manager kubelet; do
-		[ -x "$OUT/$cmd" ] || missing+=("./$cmd")
+		[ -x "$OUT/$cmd" ] || missing+=("$cmd")
 	done
-	local tmp="$OUT/.build.tmp"
-	rm -rf "$tmp" && mkdir -p "$tmp"
-	(cd "$dir" && go build -ldflags "$ldflags" -o "$tmp/" "${missing[@]}")
-	for cmd in "${missing[@]}"; do
-		mv "$tmp/${cmd#./}" "$OUT/${cmd#./}"
-	done
-	rmdir "$tmp"
+	k8s_build "$dir" "$OUT" "${missing[@]}"
 }
 
 build_containerd() {

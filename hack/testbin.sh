@@ -2,17 +2,19 @@
 # Builds the real kube-apiserver and etcd that the cluster tests run against,
 # and the kubectl that runs the docs' install steps against them, from the Go
 # module proxy, once per machine. Prints the folder that holds
-# them (for KUBEBUILDER_ASSETS). Cached outside the work tree; a cold build
-# takes about 12 minutes here.
+# them (for KUBEBUILDER_ASSETS). Cached outside the work tree; README.md
+# ("Tests and benchmarks") has the cold build's time.
 set -euo pipefail
 
 K8S_VERSION=${K8S_VERSION:-1.37.2}
 ETCD_VERSION=${ETCD_VERSION:-3.6.16}
-STAGING_VERSION=0.${K8S_VERSION#1.}
 CACHE=${GALACTICTEST_TESTBIN_CACHE:-/var/cache/galactic-node/testbin}
 OUT="$CACHE/k8s-$K8S_VERSION-etcd-$ETCD_VERSION"
 export PATH="$PATH:/usr/local/go/bin"
 export GOFLAGS=-mod=mod
+export GOWORK=off
+# shellcheck source=hack/k8smodule.sh
+. "$(dirname "$0")/k8smodule.sh"
 
 if [ -x "$OUT/kube-apiserver" ] && [ -x "$OUT/etcd" ] && [ -x "$OUT/kubectl" ]; then
 	echo "$OUT"
@@ -20,7 +22,7 @@ if [ -x "$OUT/kube-apiserver" ] && [ -x "$OUT/etcd" ] && [ -x "$OUT/kubectl" ]; 
 fi
 mkdir -p "$OUT"
 work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$work"' EXIT
 
 build_etcd() {
 	local dir="$work/etcd"
@@ -42,10 +44,14 @@ GO
 		go build -o "$OUT/etcd.tmp" . && mv "$OUT/etcd.tmp" "$OUT/etcd")
 }
 
-build_apiserver() {
-	local dir="$work/apiserver"
-	mkdir -p "$dir"
-	cat >"$dir/main.go" <<'GO'
+# kube-apiserver and kubectl in one go build of one module (hack/k8smodule.sh):
+# kubectl's client packages are the API server's, compiled once.
+build_kubernetes() {
+	local dir="$work/kubernetes" missing=()
+	k8s_module "$dir" testbin/kubernetes
+	mkdir -p "$dir/kube-apiserver" "$dir/kubectl"
+	# The commands' own main functions, as cmd/<name>/<name>.go has them.
+	cat >"$dir/kube-apiserver/main.go" <<'GO'
 package main
 
 import (
@@ -57,31 +63,7 @@ import (
 
 func main() { os.Exit(cli.Run(app.NewAPIServerCommand())) }
 GO
-	local gomod
-	gomod=$(go mod download -json "k8s.io/kubernetes@v$K8S_VERSION" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
-	{
-		echo "module testbin/apiserver"
-		echo
-		echo "go 1.26"
-		echo
-		echo "require k8s.io/kubernetes v$K8S_VERSION"
-		echo
-		grep -E '^\s*k8s\.io/[^ ]+ => \./staging' "$gomod" |
-			awk -v v="v$STAGING_VERSION" '{print "replace " $1 " => " $1 " " v}'
-	} >"$dir/go.mod"
-	local minor=${K8S_VERSION#1.}
-	minor=${minor%%.*}
-	local ldflags="-X k8s.io/component-base/version.gitVersion=v$K8S_VERSION"
-	ldflags+=" -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor"
-	(cd "$dir" && go mod tidy >&2 &&
-		go build -ldflags "$ldflags" -o "$OUT/kube-apiserver.tmp" . && mv "$OUT/kube-apiserver.tmp" "$OUT/kube-apiserver")
-}
-
-# kubectl is its own staging module: no k8s.io/kubernetes needed.
-build_kubectl() {
-	local dir="$work/kubectl"
-	mkdir -p "$dir"
-	cat >"$dir/main.go" <<'GO'
+	cat >"$dir/kubectl/main.go" <<'GO'
 package main
 
 import (
@@ -96,13 +78,24 @@ func main() {
 	}
 }
 GO
-	(cd "$dir" && go mod init testbin/kubectl >/dev/null 2>&1 &&
-		go get "k8s.io/kubectl@v$STAGING_VERSION" "k8s.io/component-base@v$STAGING_VERSION" >&2 &&
-		go mod tidy >&2 &&
-		go build -o "$OUT/kubectl.tmp" . && mv "$OUT/kubectl.tmp" "$OUT/kubectl")
+	for cmd in kube-apiserver kubectl; do
+		[ -x "$OUT/$cmd" ] || missing+=("$cmd")
+	done
+	k8s_build "$dir" "$OUT" "${missing[@]}"
 }
 
-[ -x "$OUT/etcd" ] || build_etcd >&2
-[ -x "$OUT/kube-apiserver" ] || build_apiserver >&2
-[ -x "$OUT/kubectl" ] || build_kubectl >&2
+# etcd builds beside them: each build leaves a core idle while it
+# downloads modules and while it links.
+etcd=
+if [ ! -x "$OUT/etcd" ]; then
+	build_etcd >&2 &
+	etcd=$!
+fi
+if [ ! -x "$OUT/kube-apiserver" ] || [ ! -x "$OUT/kubectl" ]; then
+	build_kubernetes >&2
+fi
+if [ -n "$etcd" ] && ! wait "$etcd"; then
+	echo "testbin: building etcd failed" >&2
+	exit 1
+fi
 echo "$OUT"
