@@ -78,7 +78,11 @@ pin-images:
 demo: build
 	hack/demo.sh
 
-test: fmt-check vet alert-test test-privileged fuzz e2e
+# The fuzz targets run beside the e2e, which mostly waits on its nodes'
+# kubelets and the daemon's passes; each one's output is printed whole
+# when it ends.
+test: fmt-check vet alert-test test-privileged testbin e2ebin images
+	@$(MAKE) --no-print-directory -j2 --output-sync=target fuzz e2e
 
 # The real kube-apiserver and etcd, built once per machine (hack/testbin.sh).
 testbin:
