@@ -585,8 +585,14 @@ imageGCLowThresholdPercent: 99
 `), 0o644); err != nil {
 		return err
 	}
+	return n.runKubelet(ctx)
+}
+
+// runKubelet starts the kubelet on the configuration startKubelet wrote and
+// waits for the node to be Ready.
+func (n *node) runKubelet(ctx context.Context) error {
 	if err := n.start("kubelet", nil, filepath.Join(n.bins, "kubelet"),
-		"--config", config, "--kubeconfig", filepath.Join(n.dir, "kubelet.kubeconfig"),
+		"--config", filepath.Join(n.dir, "kubelet.yaml"), "--kubeconfig", filepath.Join(n.dir, "kubelet.kubeconfig"),
 		"--hostname-override", nodeName, "--node-ip", nodeIP, "--v", "1"); err != nil {
 		return err
 	}

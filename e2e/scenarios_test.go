@@ -664,25 +664,20 @@ func (n *node) enableReclaim(t *testing.T) {
 // containerd replays the DEL after a restart.)
 func (n *node) loseSandbox(t *testing.T, pod *corev1.Pod) {
 	t.Helper()
-	out, err := n.ctr("containers", "list", "--quiet", fmt.Sprintf(`labels."io.kubernetes.pod.uid"==%s`, pod.UID))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ids := strings.Fields(out)
-	if len(ids) < 2 {
-		t.Fatalf("pod %s has containers %v, want its sandbox and its container", pod.Name, ids)
-	}
-	kubelet := n.daemons["kubelet"].cmd.Process
-	if err := kubelet.Signal(syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = kubelet.Signal(syscall.SIGCONT) }()
+	// The kubelet goes first, and the pod's containers are read from the
+	// store with containerd dead: a container the kubelet was still
+	// creating when a list was taken would otherwise survive it. The
+	// kubelet starts again only after the pod is gone from the API server:
+	// one merely paused found its pod's sandbox missing before it saw the
+	// pod deleted, and started a new one.
+	n.kill("kubelet", syscall.SIGKILL)
 	n.kill("containerd", syscall.SIGKILL)
 
 	db, err := bolt.Open(n.root("/var/lib/containerd/io.containerd.metadata.v1.bolt/meta.db"), 0o644, &bolt.Options{Timeout: 30 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
+	var ids []string
 	err = db.Update(func(tx *bolt.Tx) error {
 		v1 := tx.Bucket([]byte("v1"))
 		if v1 == nil {
@@ -692,8 +687,25 @@ func (n *node) loseSandbox(t *testing.T, pod *corev1.Pod) {
 		if ns == nil {
 			return errors.New("no k8s.io namespace in containerd's metadata")
 		}
+		containers := ns.Bucket([]byte("containers"))
+		if containers == nil {
+			return errors.New("no containers in containerd's metadata")
+		}
+		err := containers.ForEachBucket(func(id []byte) error {
+			labels := containers.Bucket(id).Bucket([]byte("labels"))
+			if labels != nil && string(labels.Get([]byte("io.kubernetes.pod.uid"))) == string(pod.UID) {
+				ids = append(ids, string(id))
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		if len(ids) < 2 {
+			return fmt.Errorf("pod %s has containers %v, want its sandbox and its container", pod.Name, ids)
+		}
 		for _, id := range ids {
-			if err := ns.Bucket([]byte("containers")).DeleteBucket([]byte(id)); err != nil {
+			if err := containers.DeleteBucket([]byte(id)); err != nil {
 				return fmt.Errorf("delete container %s: %w", id, err)
 			}
 			if sandboxes := ns.Bucket([]byte("sandboxes")); sandboxes != nil && sandboxes.Bucket([]byte(id)) != nil {
@@ -710,6 +722,7 @@ func (n *node) loseSandbox(t *testing.T, pod *corev1.Pod) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Logf("containerd's store forgot pod %s's containers %v", pod.Name, ids)
 
 	zero := int64(0)
 	if err := n.client.CoreV1().Pods(pod.Namespace).Delete(context.Background(), pod.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
@@ -718,7 +731,7 @@ func (n *node) loseSandbox(t *testing.T, pod *corev1.Pod) {
 	if err := n.runContainerd(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if err := kubelet.Signal(syscall.SIGCONT); err != nil {
+	if err := n.runKubelet(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	if out, _ := n.ctr("containers", "list", "--quiet", fmt.Sprintf(`labels."io.kubernetes.pod.uid"==%s`, pod.UID)); strings.TrimSpace(out) != "" {
