@@ -22,7 +22,9 @@ if [ -x "$OUT/kube-apiserver" ] && [ -x "$OUT/etcd" ] && [ -x "$OUT/kubectl" ]; 
 fi
 mkdir -p "$OUT"
 work=$(mktemp -d)
-trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$work"' EXIT
+# Under set -e a failing kill (no job left) would end the trap, and the
+# script, with its status.
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 
 build_etcd() {
 	local dir="$work/etcd"
