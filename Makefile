@@ -14,7 +14,7 @@ PKGS            := ./...
 TESTPKGS        = $(shell $(GO) list ./... | grep -v /e2e$$)
 VERSION         ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: demo all build images pin-images test test-unit test-privileged testbin e2e e2ebin fuzz bench bench-fleet lint fmt-check vet generate
+.PHONY: demo all build images pin-images test test-unit test-privileged testbin e2e e2e-run e2ebin fuzz bench bench-fleet lint fmt-check vet generate
 
 all: build
 
@@ -82,7 +82,7 @@ demo: build
 # kubelets and the daemon's passes; each one's output is printed whole
 # when it ends.
 test: fmt-check vet alert-test test-privileged testbin e2ebin images
-	@$(MAKE) --no-print-directory -j2 --output-sync=target fuzz e2e
+	@$(MAKE) --no-print-directory -j2 --output-sync=target fuzz e2e-run
 
 # The real kube-apiserver and etcd, built once per machine (hack/testbin.sh).
 testbin:
@@ -96,9 +96,12 @@ testbin:
 e2ebin:
 	@hack/e2ebin.sh >/dev/null
 
-# Race-enabled like the other tests, so that its packages come out of
-# their build.
 e2e: testbin e2ebin images
+	@$(MAKE) --no-print-directory e2e-run
+
+# The e2e on parts already built (make e2e builds them first). Race-enabled
+# like the other tests, so that its packages come out of their build.
+e2e-run:
 	@if [ "$$(id -u)" != 0 ]; then echo "make e2e runs a kubelet and containerd: run it as root"; exit 1; fi
 	GALACTICTEST_E2EBIN=$$(hack/e2ebin.sh) KUBEBUILDER_ASSETS=$$(hack/testbin.sh) $(GO) test -race -count=1 -timeout 30m -v ./e2e
 

@@ -45,7 +45,7 @@ chmod 755 "$work" # apt-get download writes as _apt
 trap 'rm -rf "$work"' EXIT
 
 build_kubernetes() {
-	local dir="$work/kubernetes" cmd missing=()
+	local dir="$work/kubernetes"
 	k8s_module "$dir" e2ebin/kubernetes
 	# The commands' own main functions, as cmd/<name>/<name>.go has them.
 	mkdir -p "$dir/kubelet" "$dir/kube-controller-manager" "$dir/kube-scheduler"
@@ -86,10 +86,7 @@ import (
 
 func main() { os.Exit(cli.Run(app.NewSchedulerCommand())) }
 GO
-	for cmd in kube-scheduler kube-controller-manager kubelet; do
-		[ -x "$OUT/$cmd" ] || missing+=("$cmd")
-	done
-	k8s_build "$dir" "$OUT" "${missing[@]}"
+	k8s_build "$dir" "$OUT" kube-scheduler kube-controller-manager kubelet
 }
 
 build_containerd() {

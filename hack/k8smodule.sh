@@ -36,21 +36,26 @@ k8s_ldflags() {
 	echo "-X k8s.io/component-base/version.gitVersion=v$K8S_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor"
 }
 
-# k8s_build DIR OUT CMD... builds the commands ./CMD of the module in DIR
-# in one go build, so that their links run side by side and beside the
-# compiles, into a scratch folder under OUT, and moves each into OUT: an
-# interrupted build never leaves a binary a cache check would trust.
+# k8s_build DIR OUT CMD... builds those of the commands ./CMD of the module
+# in DIR that OUT lacks, in one go build, so that their links run side by
+# side and beside the compiles, into a scratch folder under OUT, and moves
+# each into OUT: an interrupted build never leaves a binary a cache check
+# would trust.
 k8s_build() {
 	local dir=$1 out=$2 cmd
 	shift 2
-	local tmp="$out/.build.tmp" pkgs=()
+	local tmp="$out/.build.tmp" missing=() pkgs=()
 	for cmd in "$@"; do
-		pkgs+=("./$cmd")
+		if [ ! -x "$out/$cmd" ]; then
+			missing+=("$cmd")
+			pkgs+=("./$cmd")
+		fi
 	done
+	((${#missing[@]})) || return 0
 	(cd "$dir" && go mod tidy >&2)
 	rm -rf "$tmp" && mkdir -p "$tmp"
 	(cd "$dir" && go build -ldflags "$(k8s_ldflags)" -o "$tmp/" "${pkgs[@]}")
-	for cmd in "$@"; do
+	for cmd in "${missing[@]}"; do
 		mv "$tmp/$cmd" "$out/$cmd"
 	done
 	rmdir "$tmp"

@@ -49,7 +49,7 @@ GO
 # kube-apiserver and kubectl in one go build of one module (hack/k8smodule.sh):
 # kubectl's client packages are the API server's, compiled once.
 build_kubernetes() {
-	local dir="$work/kubernetes" missing=()
+	local dir="$work/kubernetes"
 	k8s_module "$dir" testbin/kubernetes
 	mkdir -p "$dir/kube-apiserver" "$dir/kubectl"
 	# The commands' own main functions, as cmd/<name>/<name>.go has them.
@@ -80,10 +80,7 @@ func main() {
 	}
 }
 GO
-	for cmd in kube-apiserver kubectl; do
-		[ -x "$OUT/$cmd" ] || missing+=("$cmd")
-	done
-	k8s_build "$dir" "$OUT" "${missing[@]}"
+	k8s_build "$dir" "$OUT" kube-apiserver kubectl
 }
 
 # etcd builds beside them: each build leaves a core idle while it
