@@ -5,10 +5,13 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/go-logr/logr"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
+	"k8s.io/klog/v2"
 )
 
 // LeaseTiming is how long a Lease is held, renewed and retried.
@@ -64,6 +67,29 @@ func RunAsLeader(ctx context.Context, cs kubernetes.Interface, namespace, name, 
 	if err != nil {
 		return fmt.Errorf("leader election: %w", err)
 	}
-	le.Run(ctx)
+	le.Run(klog.NewContext(ctx, logr.New(leaseRaceIsNoError{klog.FromContext(ctx).GetSink()})))
 	return nil
+}
+
+// leaseRaceIsNoError logs as info what client-go's elector logs as an error
+// when another instance created the Lease between this one's look-up and its
+// create: replicas that start together race for it on every rollout, and
+// the loser just campaigns on as a follower. An operator alerting on errors
+// would be paged for a normal start.
+type leaseRaceIsNoError struct{ logr.LogSink }
+
+func (s leaseRaceIsNoError) Error(err error, msg string, kv ...any) {
+	if apierrors.IsAlreadyExists(err) {
+		s.LogSink.Info(0, msg+": another instance created it first; campaigning on", append(kv, "err", err.Error())...)
+		return
+	}
+	s.LogSink.Error(err, msg, kv...)
+}
+
+func (s leaseRaceIsNoError) WithValues(kv ...any) logr.LogSink {
+	return leaseRaceIsNoError{s.LogSink.WithValues(kv...)}
+}
+
+func (s leaseRaceIsNoError) WithName(name string) logr.LogSink {
+	return leaseRaceIsNoError{s.LogSink.WithName(name)}
 }
