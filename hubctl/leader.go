@@ -80,7 +80,7 @@ type leaseRaceIsNoError struct{ logr.LogSink }
 
 func (s leaseRaceIsNoError) Error(err error, msg string, kv ...any) {
 	if apierrors.IsAlreadyExists(err) {
-		s.LogSink.Info(0, msg+": another instance created it first; campaigning on", append(kv, "err", err.Error())...)
+		s.Info(0, msg+": another instance created it first; campaigning on", append(kv, "err", err.Error())...)
 		return
 	}
 	s.LogSink.Error(err, msg, kv...)
