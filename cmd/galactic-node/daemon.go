@@ -40,6 +40,7 @@ import (
 	"github.com/datum-cloud/galactic-node/node/nodeview"
 	"github.com/datum-cloud/galactic-node/node/reclaim"
 	"github.com/datum-cloud/galactic-node/node/reclaim/reclaimmetrics"
+	"github.com/datum-cloud/galactic-node/node/routewatch"
 	"github.com/datum-cloud/galactic-node/node/teardown"
 	"github.com/datum-cloud/galactic-node/node/tun/holder"
 	"github.com/datum-cloud/galactic-node/node/vrf"
@@ -230,6 +231,13 @@ func runDaemon(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 	}
 	defer dp.Close()
 	registry := attachreg.New(dp, nil, log)
+	// Subscribed before anything runs, so that no change made after the
+	// program's first cached answer goes unread.
+	routes, err := routewatch.Dial(nil, dp, log.With("component", "route-watch"))
+	if err != nil {
+		return err
+	}
+	defer func() { _ = routes.Close() }()
 	locks, err := vrf.NewLocker(f.vrfLockDir)
 	if err != nil {
 		return err
@@ -401,7 +409,18 @@ func runDaemon(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 		log.Info("metrics listening", "address", l.Addr().String())
 	}
 
+	ctx, stop := context.WithCancelCause(ctx)
+	defer stop(nil)
 	var wg sync.WaitGroup
+	wg.Go(func() {
+		// Without it the program's route answers go stale for 64 jiffies
+		// after a change, so a watcher that fails stops the daemon, to be
+		// restarted, rather than run on with the window open.
+		if err := routes.Run(ctx); err != nil {
+			log.Error("route watch failed: stopping", "error", err)
+			stop(err)
+		}
+	})
 	wg.Go(func() { reclaimer.Run(ctx, f.interval) })
 	if f.cniDataDir != "" {
 		wg.Go(func() { collectRecords(ctx, f.cniDataDir, conn, locks, passDone, log) })
@@ -418,6 +437,9 @@ func runDaemon(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 		// Exiting mid-removal is safe: a link deleted before its rows
 		// leaves orphan rows, which the next start's passes clear.
 		log.Warn("stopping with a pass still in flight: the shutdown timeout ran out", "timeout", f.shutdownTimeout.String())
+	}
+	if err := context.Cause(ctx); err != nil && !errors.Is(err, context.Canceled) {
+		return err
 	}
 	return nil
 }

@@ -27,8 +27,15 @@ const PinSubdir = "galactic"
 type Datapath struct {
 	pinDir string
 	objs   datapathObjects
+	// routeEpoch is the pinned route_epoch the program instances share;
+	// nil when only the maps of rows were opened (OpenPinned).
+	routeEpoch *ebpf.Map
 
-	IfindexVRF    *Table[uint32, VRFBinding]
+	IfindexVRF *Table[uint32, VRFBinding]
+	// TapRules is what the program judges frames by. Remove its rows with
+	// RemoveRules, not Delete.
+	TapRules      *Table[uint32, Rules]
+	TapFragments  *FragmentTables
 	TrafficPolicy *Table[uint32, Policy]
 	EgressKind    *Table[uint32, EgressKind]
 	TenantGateway *Table[uint32, Gateway]
@@ -69,12 +76,13 @@ func Load(bpffs string) (*Datapath, error) {
 	if err := spec.LoadAndAssign(&d.objs, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: pinDir}, MapReplacements: state}); err != nil {
 		return nil, fmt.Errorf("load datapath from %s: %w", pinDir, err)
 	}
-	d.assignTables()
+	d.assignTables(spec)
+	d.routeEpoch = d.objs.RouteEpoch
 	return d, nil
 }
 
 // assignTables gives each loaded map its typed Table.
-func (d *Datapath) assignTables() {
+func (d *Datapath) assignTables(spec *ebpf.CollectionSpec) {
 	m := &d.objs.datapathMaps
 	u32 := func(k uint32) (uint32, error) {
 		if k == 0 {
@@ -86,6 +94,8 @@ func (d *Datapath) assignTables() {
 	ok := func(v uint64) (uint64, error) { return v, nil }
 	u64 := func(v uint64) uint64 { return v }
 	d.IfindexVRF = newTable("ifindex_vrf", m.IfindexVrf, u32, id, VRFBinding.raw, vrfBindingFrom)
+	d.TapRules = newLockedTable("tap_rules", m.TapRules, u32, id, Rules.raw, rulesFrom)
+	d.TapFragments = &FragmentTables{m: m.TapFragments, inner: spec.Maps["tap_fragments"].InnerMap}
 	d.TrafficPolicy = newTable("traffic_policy", m.TrafficPolicy, u32, id, Policy.raw, policyFrom)
 	d.EgressKind = newTable("egress_kind", m.EgressKind, u32, id, EgressKind.raw, func(v uint32) EgressKind { return EgressKind(v) })
 	d.TenantGateway = newTable("tenant_gateway", m.TenantGateway, u32, id, Gateway.raw, gatewayFrom)
@@ -101,6 +111,47 @@ func (d *Datapath) assignTables() {
 		func(r Reason) (uint32, error) { return uint32(r), nil }, func(k uint32) Reason { return Reason(k) }, ok, u64)
 }
 
+// ErrNoProgramState: the datapath was opened without its program
+// (OpenPinned), so it holds no handle on the program's shared state.
+var ErrNoProgramState = errors.New("datapath opened without its program state")
+
+// BumpRouteEpoch makes every route answer the program instances cached so
+// far stale: the next frame to each destination asks the kernel again. The
+// node daemon calls it for every address and route change it reads. It
+// returns the new epoch. One writer at a time: the daemon.
+func (d *Datapath) BumpRouteEpoch() (uint64, error) {
+	if d.routeEpoch == nil {
+		return 0, fmt.Errorf("bump route epoch: %w", ErrNoProgramState)
+	}
+	var epoch uint64
+	if err := d.routeEpoch.Lookup(uint32(0), &epoch); err != nil {
+		return 0, fmt.Errorf("bump route epoch: %w", err)
+	}
+	epoch++
+	if err := d.routeEpoch.Put(uint32(0), epoch); err != nil {
+		return 0, fmt.Errorf("bump route epoch: %w", err)
+	}
+	return epoch, nil
+}
+
+// RemoveRules removes ifindex's tap_rules row. It first zeroes the row in
+// place, under its lock: the program may still hold the element, which the
+// kernel hands to the next row inserted, and a zeroed row names no
+// interface, so a reader of the recycled element drops its frame rather
+// than judge it by another interface's rules. A missing row is
+// ebpf.ErrKeyNotExist.
+func (d *Datapath) RemoveRules(ifindex uint32) error {
+	m := d.objs.TapRules
+	var zero datapathTapRules
+	if err := m.Update(ifindex, &zero, ebpf.UpdateExist|ebpf.UpdateLock); err != nil {
+		return fmt.Errorf("delete tap_rules: %w", err)
+	}
+	if err := m.Delete(ifindex); err != nil {
+		return fmt.Errorf("delete tap_rules: %w", err)
+	}
+	return nil
+}
+
 // Close releases this process's handles. Pinned maps, and their rows, stay.
 func (d *Datapath) Close() error { return d.objs.Close() }
 
@@ -112,7 +163,7 @@ func (d *Datapath) Program() *ebpf.Program { return d.objs.TapIngress }
 
 // Tables returns every map of the collection, in a stable order.
 func (d *Datapath) Tables() []AnyTable {
-	return []AnyTable{d.IfindexVRF, d.TrafficPolicy, d.EgressKind, d.TenantGateway, d.HostOnlyPort, d.Decisions, d.Unattributed}
+	return []AnyTable{d.IfindexVRF, d.TapRules, d.TapFragments, d.TrafficPolicy, d.EgressKind, d.TenantGateway, d.HostOnlyPort, d.Decisions, d.Unattributed}
 }
 
 // Table returns the map called name, or ErrUnknownMap.

@@ -21,17 +21,6 @@ type datapathDecisionKey struct {
 	Pad        [5]uint8
 }
 
-type datapathFragmentKey struct {
-	_        structs.HostLayout
-	Ifindex  uint32
-	Id       uint32
-	Family   uint8
-	Protocol uint8
-	Pad      [2]uint8
-	Src      [16]uint8
-	Dst      [16]uint8
-}
-
 type datapathGateway struct {
 	_    structs.HostLayout
 	Ipv4 [4]uint8
@@ -49,11 +38,47 @@ type datapathHostPortKey struct {
 type datapathRouteAnswer struct {
 	_       structs.HostLayout
 	Expires uint64
+	Epoch   uint64
 	Ifindex uint32
 	Family  uint8
 	ToHost  uint8
 	Pad     [2]uint8
 	Dst     [16]uint8
+}
+
+type datapathRules struct {
+	_             structs.HostLayout
+	Ifindex       uint32
+	Attachment    uint16
+	DefaultAction uint8
+	Flags         uint8
+	Vpc           uint64
+	Generation    uint64
+	N_ethertypes  uint8
+	N_protocols   uint8
+	N_ports       uint8
+	Pad           [5]uint8
+	Ethertypes    [8]uint16
+	Protocols     [8]uint8
+	GatewayIpv4   [4]uint8
+	GatewayIpv6   [16]uint8
+	Pad2          [4]uint8
+	Ports         [16]struct {
+		_        structs.HostLayout
+		Port     uint16
+		Protocol uint8
+		Pad      uint8
+	}
+}
+
+type datapathTapRules struct {
+	_    structs.HostLayout
+	Lock struct {
+		_   structs.HostLayout
+		Val uint32
+	}
+	Pad   uint32
+	Rules datapathRules
 }
 
 type datapathTrafficPolicy struct {
@@ -82,10 +107,13 @@ type datapathVrfBinding struct {
 const (
 	datapathMapDecisions     = "decisions"
 	datapathMapEgressKind    = "egress_kind"
-	datapathMapFragments     = "fragments"
 	datapathMapHostOnlyPort  = "host_only_port"
 	datapathMapIfindexVrf    = "ifindex_vrf"
 	datapathMapRouteCache    = "route_cache"
+	datapathMapRouteEpoch    = "route_epoch"
+	datapathMapRulesScratch  = "rules_scratch"
+	datapathMapTapFragments  = "tap_fragments"
+	datapathMapTapRules      = "tap_rules"
 	datapathMapTenantGateway = "tenant_gateway"
 	datapathMapTrafficPolicy = "traffic_policy"
 	datapathMapUnattributed  = "unattributed"
@@ -143,10 +171,13 @@ type datapathProgramSpecs struct {
 type datapathMapSpecs struct {
 	Decisions     *ebpf.MapSpec `ebpf:"decisions"`
 	EgressKind    *ebpf.MapSpec `ebpf:"egress_kind"`
-	Fragments     *ebpf.MapSpec `ebpf:"fragments"`
 	HostOnlyPort  *ebpf.MapSpec `ebpf:"host_only_port"`
 	IfindexVrf    *ebpf.MapSpec `ebpf:"ifindex_vrf"`
 	RouteCache    *ebpf.MapSpec `ebpf:"route_cache"`
+	RouteEpoch    *ebpf.MapSpec `ebpf:"route_epoch"`
+	RulesScratch  *ebpf.MapSpec `ebpf:"rules_scratch"`
+	TapFragments  *ebpf.MapSpec `ebpf:"tap_fragments"`
+	TapRules      *ebpf.MapSpec `ebpf:"tap_rules"`
 	TenantGateway *ebpf.MapSpec `ebpf:"tenant_gateway"`
 	TrafficPolicy *ebpf.MapSpec `ebpf:"traffic_policy"`
 	Unattributed  *ebpf.MapSpec `ebpf:"unattributed"`
@@ -180,10 +211,13 @@ func (o *datapathObjects) Close() error {
 type datapathMaps struct {
 	Decisions     *ebpf.Map `ebpf:"decisions"`
 	EgressKind    *ebpf.Map `ebpf:"egress_kind"`
-	Fragments     *ebpf.Map `ebpf:"fragments"`
 	HostOnlyPort  *ebpf.Map `ebpf:"host_only_port"`
 	IfindexVrf    *ebpf.Map `ebpf:"ifindex_vrf"`
 	RouteCache    *ebpf.Map `ebpf:"route_cache"`
+	RouteEpoch    *ebpf.Map `ebpf:"route_epoch"`
+	RulesScratch  *ebpf.Map `ebpf:"rules_scratch"`
+	TapFragments  *ebpf.Map `ebpf:"tap_fragments"`
+	TapRules      *ebpf.Map `ebpf:"tap_rules"`
 	TenantGateway *ebpf.Map `ebpf:"tenant_gateway"`
 	TrafficPolicy *ebpf.Map `ebpf:"traffic_policy"`
 	Unattributed  *ebpf.Map `ebpf:"unattributed"`
@@ -193,10 +227,13 @@ func (m *datapathMaps) Close() error {
 	return _DatapathClose(
 		m.Decisions,
 		m.EgressKind,
-		m.Fragments,
 		m.HostOnlyPort,
 		m.IfindexVrf,
 		m.RouteCache,
+		m.RouteEpoch,
+		m.RulesScratch,
+		m.TapFragments,
+		m.TapRules,
 		m.TenantGateway,
 		m.TrafficPolicy,
 		m.Unattributed,

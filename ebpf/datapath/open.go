@@ -40,7 +40,7 @@ func OpenPinned(bpffs string) (*Datapath, error) {
 	if err := spec.LoadAndAssign(&d.objs.datapathMaps, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: pinDir}}); err != nil {
 		return nil, fmt.Errorf("open datapath maps in %s: %w", pinDir, err)
 	}
-	d.assignTables()
+	d.assignTables(spec)
 	return d, nil
 }
 

@@ -23,6 +23,7 @@ import (
 	"github.com/datum-cloud/galactic-node/ebpf/datapath"
 	"github.com/datum-cloud/galactic-node/internal/nettest"
 	"github.com/datum-cloud/galactic-node/node/attachreg"
+	"github.com/datum-cloud/galactic-node/node/identity"
 	"github.com/datum-cloud/galactic-node/node/netns"
 	"github.com/datum-cloud/galactic-node/node/tun"
 )
@@ -151,6 +152,16 @@ func (s *tapScene) registration(policy datapath.Policy) attachreg.Registration {
 		Gateway:       datapath.Gateway{IPv4: netip.MustParseAddr(gw4), IPv6: netip.MustParseAddr(gw6)},
 		HostOnlyPorts: hostPorts,
 	}
+}
+
+// rules is the tap_rules row attachreg writes for registration(policy).
+func (s *tapScene) rules(policy datapath.Policy) datapath.Rules {
+	r := datapath.Rules{Ifindex: s.ifindex, VPC: s.id.VPC, Attachment: s.id.Attachment, Policy: policy,
+		Gateway: s.registration(policy).Gateway}
+	for _, p := range hostPorts {
+		r.HostPorts = append(r.HostPorts, datapath.Port{Protocol: p.Protocol, Port: p.Port})
+	}
+	return r
 }
 
 func (s *tapScene) register(t testing.TB, policy datapath.Policy) {
@@ -337,3 +348,9 @@ func (c counts) since(before counts) map[string]uint64 {
 func isNotExist(err error) bool { return errors.Is(err, ebpf.ErrKeyNotExist) }
 
 func netipMust(a string) netip.Addr { return netip.MustParseAddr(a) }
+
+func (n tenant) identity() identity.Identity { return attachreg.IdentityOf(n.VPC, n.Attachment) }
+
+func hostPort(p datapath.Protocol, port uint16) attachreg.ProtoPort {
+	return attachreg.ProtoPort{Protocol: p, Port: port}
+}

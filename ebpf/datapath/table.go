@@ -18,6 +18,7 @@ const batchChunk = 4096
 type Table[K, V any] struct {
 	name   string
 	m      *ebpf.Map
+	locked bool // values hold a bpf_spin_lock: written and read under it
 	encK   func(K) (any, error)
 	encV   func(V) (any, error)
 	get    func(K) (V, error)
@@ -46,7 +47,7 @@ func newTable[K, V, RK, RV any](name string, m *ebpf.Map,
 			return zero, err
 		}
 		var rv RV
-		if err := m.Lookup(&rk, &rv); err != nil {
+		if err := m.LookupWithFlags(&rk, &rv, t.lookupFlags()); err != nil {
 			return zero, err
 		}
 		return decV(rv), nil
@@ -58,7 +59,7 @@ func newTable[K, V, RK, RV any](name string, m *ebpf.Map,
 			return limit <= 0 || len(rows) < limit
 		}
 		if batch {
-			err := dumpBatch(m, limit, add)
+			err := dumpBatch(m, limit, t.lookupFlags(), add)
 			if !errors.Is(err, ebpf.ErrNotSupported) {
 				return rows, err
 			}
@@ -74,7 +75,26 @@ func newTable[K, V, RK, RV any](name string, m *ebpf.Map,
 	return t
 }
 
-func dumpBatch[RK, RV any](m *ebpf.Map, limit int, add func(RK, RV) bool) error {
+// newLockedTable is newTable for a map whose values hold a bpf_spin_lock:
+// every write and every read but an iteration's goes under the lock, so
+// that the program, which reads them under it too, never sees half of one.
+func newLockedTable[K, V, RK, RV any](name string, m *ebpf.Map,
+	encK func(K) (RK, error), decK func(RK) K,
+	encV func(V) (RV, error), decV func(RV) V,
+) *Table[K, V] {
+	t := newTable(name, m, encK, decK, encV, decV)
+	t.locked = true
+	return t
+}
+
+func (t *Table[K, V]) lookupFlags() ebpf.MapLookupFlags {
+	if t.locked {
+		return ebpf.LookupLock
+	}
+	return 0
+}
+
+func dumpBatch[RK, RV any](m *ebpf.Map, limit int, flags ebpf.MapLookupFlags, add func(RK, RV) bool) error {
 	chunk := batchChunk
 	if limit > 0 {
 		chunk = min(chunk, limit)
@@ -83,7 +103,7 @@ func dumpBatch[RK, RV any](m *ebpf.Map, limit int, add func(RK, RV) bool) error 
 	keys, vals := make([]RK, chunk), make([]RV, chunk)
 	var cursor ebpf.MapBatchCursor
 	for {
-		n, err := m.BatchLookup(&cursor, keys, vals, nil)
+		n, err := m.BatchLookup(&cursor, keys, vals, &ebpf.BatchOptions{ElemFlags: uint64(flags)})
 		for i := range n {
 			if !add(keys[i], vals[i]) {
 				return nil
@@ -114,7 +134,13 @@ func (t *Table[K, V]) Put(k K, v V) error {
 	if err != nil {
 		return fmt.Errorf("put %s: %w", t.name, err)
 	}
-	if err := t.m.Put(rk, rv); err != nil {
+	flags := ebpf.UpdateAny
+	if t.locked {
+		// In place when the row exists: a replaced element would go back
+		// to the map's free list under a reader.
+		flags |= ebpf.UpdateLock
+	}
+	if err := t.m.Update(rk, rv, flags); err != nil {
 		return fmt.Errorf("put %s: %w", t.name, err)
 	}
 	return nil

@@ -140,6 +140,73 @@ func policyFrom(r datapathTrafficPolicy) Policy {
 	return p
 }
 
+// MaxHostPorts is how many host-only ports one interface's rules hold.
+const MaxHostPorts = 16
+
+// Port is a port of the host's tenant gateway that an interface's tenant may
+// reach.
+type Port struct {
+	Protocol Protocol `json:"protocol"`
+	Port     uint16   `json:"port"`
+}
+
+// Rules is the tap_rules row of an interface: everything the program judges
+// its frames by (policy, gateway, host-only ports) and whose frames they are,
+// in one value that is written and read whole under the row's lock.
+// Ifindex is the interface's own, which the program checks: a row that does
+// not name its key judges nothing (the program drops the frame).
+type Rules struct {
+	Ifindex    uint32     `json:"ifindex"`
+	VPC        VPC        `json:"vpc"`
+	Attachment Attachment `json:"attachment"`
+	Policy     Policy     `json:"policy"`
+	Gateway    Gateway    `json:"gateway"`
+	HostPorts  []Port     `json:"hostPorts,omitempty"`
+}
+
+func (r Rules) raw() (datapathTapRules, error) {
+	var out datapathTapRules
+	if r.Ifindex == 0 || r.VPC == 0 || len(r.HostPorts) > MaxHostPorts {
+		return out, fmt.Errorf("rules of ifindex %d, vpc %d, %d host ports (max %d): %w",
+			r.Ifindex, r.VPC, len(r.HostPorts), MaxHostPorts, ErrInvalidRow)
+	}
+	pol, err := r.Policy.raw()
+	if err != nil {
+		return out, err
+	}
+	gw, err := r.Gateway.raw()
+	if err != nil {
+		return out, err
+	}
+	raw := &out.Rules
+	raw.Ifindex, raw.Vpc, raw.Attachment = r.Ifindex, uint64(r.VPC), uint16(r.Attachment)
+	raw.Generation, raw.DefaultAction, raw.Flags = pol.Generation, pol.DefaultAction, pol.Flags
+	raw.N_ethertypes, raw.Ethertypes = pol.N_ethertypes, pol.Ethertypes
+	raw.N_protocols, raw.Protocols = pol.N_protocols, pol.Protocols
+	raw.GatewayIpv4, raw.GatewayIpv6 = gw.Ipv4, gw.Ipv6
+	raw.N_ports = uint8(len(r.HostPorts))
+	for i, p := range r.HostPorts {
+		if (p.Protocol != ProtocolTCP && p.Protocol != ProtocolUDP) || p.Port == 0 {
+			return out, fmt.Errorf("host port %v/%d: want tcp or udp and a port: %w", p.Protocol, p.Port, ErrInvalidRow)
+		}
+		raw.Ports[i].Port, raw.Ports[i].Protocol = p.Port, uint8(p.Protocol)
+	}
+	return out, nil
+}
+
+func rulesFrom(t datapathTapRules) Rules {
+	raw := t.Rules
+	r := Rules{Ifindex: raw.Ifindex, VPC: VPC(raw.Vpc), Attachment: Attachment(raw.Attachment),
+		Policy: policyFrom(datapathTrafficPolicy{Generation: raw.Generation, DefaultAction: raw.DefaultAction, Flags: raw.Flags,
+			N_ethertypes: raw.N_ethertypes, Ethertypes: raw.Ethertypes, N_protocols: raw.N_protocols, Protocols: raw.Protocols}),
+		Gateway: gatewayFrom(datapathGateway{Ipv4: raw.GatewayIpv4, Ipv6: raw.GatewayIpv6}),
+	}
+	for _, p := range raw.Ports[:min(int(raw.N_ports), MaxHostPorts)] {
+		r.HostPorts = append(r.HostPorts, Port{Protocol: Protocol(p.Protocol), Port: p.Port})
+	}
+	return r
+}
+
 // EgressKind says what kind of interface a row belongs to.
 type EgressKind uint32
 
@@ -277,9 +344,12 @@ func decisionKeyFrom(r datapathDecisionKey) DecisionKey {
 type Reason uint32
 
 const (
-	// ReasonPolicyUnavailable: no traffic_policy row for the ingress ifindex.
+	// ReasonPolicyUnavailable: no tap_rules row for the ingress ifindex
+	// (or one being removed, or naming another interface).
 	ReasonPolicyUnavailable Reason = 0
-	// ReasonIdentityUnavailable: a policy but no ifindex_vrf row.
+	// ReasonIdentityUnavailable: a policy but no ifindex_vrf row. Only
+	// programs of older builds count it: this build's rules carry the
+	// identity.
 	ReasonIdentityUnavailable Reason = 1
 	// ReasonDecisionsFull: the frame was judged (and passed or dropped)
 	// but its identity has no decisions row and the map had no room for

@@ -106,6 +106,41 @@ func (r *Registry) perInterfaceMaps() []perInterfaceMap {
 	d := r.dp
 	return []perInterfaceMap{
 		keyed(d.IfindexVRF),
+		{
+			name:  d.TapRules.Name(),
+			rows:  keyed(d.TapRules).rows,
+			count: keyed(d.TapRules).count,
+			delete: func(ifindex uint32) error {
+				if err := d.RemoveRules(ifindex); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+					return err
+				}
+				return nil
+			},
+		},
+		{
+			name: d.TapFragments.Name(),
+			rows: func(ifindex uint32) (any, bool, error) {
+				id, err := d.TapFragments.ID(ifindex)
+				if errors.Is(err, ebpf.ErrKeyNotExist) {
+					return nil, false, nil
+				}
+				return id, err == nil, err
+			},
+			delete: func(ifindex uint32) error {
+				if err := d.TapFragments.Delete(ifindex); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+					return err
+				}
+				return nil
+			},
+			count: func() (map[uint32]int, error) {
+				rows, err := d.TapFragments.Dump(0)
+				out := make(map[uint32]int, len(rows))
+				for _, row := range rows {
+					out[row.Key]++
+				}
+				return out, err
+			},
+		},
 		keyed(d.TrafficPolicy),
 		keyed(d.EgressKind),
 		keyed(d.TenantGateway),
@@ -205,6 +240,9 @@ func (reg Registration) validate(ifindex uint32) error {
 	if (reg.Gateway.IPv4.IsValid() && !reg.Gateway.IPv4.Is4()) || (reg.Gateway.IPv6.IsValid() && (!reg.Gateway.IPv6.Is6() || reg.Gateway.IPv6.Is4In6())) {
 		errs = append(errs, fmt.Errorf("gateway %+v: wrong address families", reg.Gateway))
 	}
+	if len(reg.HostOnlyPorts) > datapath.MaxHostPorts {
+		errs = append(errs, fmt.Errorf("%d host-only ports, at most %d", len(reg.HostOnlyPorts), datapath.MaxHostPorts))
+	}
 	for _, p := range reg.HostOnlyPorts {
 		if (p.Protocol != datapath.ProtocolTCP && p.Protocol != datapath.ProtocolUDP) || p.Port == 0 {
 			errs = append(errs, fmt.Errorf("host-only port %v/%d: want tcp or udp and a port", p.Protocol, p.Port))
@@ -221,6 +259,12 @@ func (reg Registration) validate(ifindex uint32) error {
 // rows (host-only ports not listed any more are removed) and keeps the
 // attachment. Invalid input is refused before anything is written; a failure
 // part-way removes what was written, so no interface is left half-registered.
+//
+// Registering again is make-before-break: the program judges frames by the
+// tap_rules row alone, which is replaced whole and in place, so every frame
+// is judged by the old registration or the new one, never a mix. The link
+// moves to this build's program only once that row is written, and the rows
+// that older builds' programs read are written after it.
 func (r *Registry) RegisterInterface(ctx context.Context, ifindex uint32, reg Registration) error {
 	if err := reg.validate(ifindex); err != nil {
 		return fmt.Errorf("register interface %d: %w", ifindex, err)
@@ -228,29 +272,56 @@ func (r *Registry) RegisterInterface(ctx context.Context, ifindex uint32, reg Re
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("register interface %d: %w", ifindex, err)
 	}
-	if err := r.writeRows(ifindex, reg); err != nil {
+	fail := func(err error) error {
 		return fmt.Errorf("register interface %d: %w", ifindex, errors.Join(err, r.UnregisterInterface(ctx, ifindex)))
 	}
+	if err := r.writeRules(ifindex, reg); err != nil {
+		return fail(err)
+	}
 	if err := r.attach(ifindex); err != nil {
-		return fmt.Errorf("register interface %d: %w", ifindex, errors.Join(err, r.UnregisterInterface(ctx, ifindex)))
+		return fail(err)
+	}
+	if err := r.writeOlderBuildsRows(ifindex, reg); err != nil {
+		return fail(err)
 	}
 	r.log.Info("interface registered", "ifindex", ifindex, "identity", reg.Identity.String(),
 		"table", reg.Table, "egress", reg.Egress.String(), "host_only_ports", len(reg.HostOnlyPorts))
 	return nil
 }
 
-func (r *Registry) writeRows(ifindex uint32, reg Registration) error {
+// writeRules writes the rows this build's program reads: the identity row
+// first (what an interrupted registration is found by), the fragment table,
+// and last the rules, which make the interface registered.
+func (r *Registry) writeRules(ifindex uint32, reg Registration) error {
+	d := r.dp
+	err := errors.Join(
+		d.IfindexVRF.Put(ifindex, VRFBinding(reg.Identity, reg.Table)),
+		d.EgressKind.Put(ifindex, reg.Egress),
+		d.TapFragments.Ensure(ifindex),
+	)
+	if err != nil {
+		return err
+	}
+	ports := make([]datapath.Port, len(reg.HostOnlyPorts))
+	for i, p := range reg.HostOnlyPorts {
+		ports[i] = datapath.Port{Protocol: p.Protocol, Port: p.Port}
+	}
+	b := VRFBinding(reg.Identity, reg.Table)
+	return d.TapRules.Put(ifindex, datapath.Rules{Ifindex: ifindex, VPC: b.VPC, Attachment: b.Attachment,
+		Policy: reg.Policy, Gateway: reg.Gateway, HostPorts: ports})
+}
+
+// writeOlderBuildsRows writes the registration as the programs of older
+// builds read it, split over traffic_policy, tenant_gateway and
+// host_only_port: taps those builds attached keep their program until they
+// are registered again, which moves them to this build's.
+func (r *Registry) writeOlderBuildsRows(ifindex uint32, reg Registration) error {
 	d := r.dp
 	stale, err := r.hostPorts(ifindex)
 	if err != nil {
 		return err
 	}
-	err = errors.Join(
-		d.IfindexVRF.Put(ifindex, VRFBinding(reg.Identity, reg.Table)),
-		d.EgressKind.Put(ifindex, reg.Egress),
-		d.TenantGateway.Put(ifindex, reg.Gateway),
-	)
-	if err != nil {
+	if err := d.TenantGateway.Put(ifindex, reg.Gateway); err != nil {
 		return err
 	}
 	keep := make(map[datapath.HostPort]bool, len(reg.HostOnlyPorts))
@@ -388,18 +459,20 @@ func (r *Registry) unregisterSteps(ifindex uint32, maps []perInterfaceMap) []unr
 	return steps
 }
 
+// orderPolicyFirst puts the rows that make an interface registered first:
+// this build's rules, then the policy older builds' programs read.
 func orderPolicyFirst(maps []perInterfaceMap) []perInterfaceMap {
-	out := make([]perInterfaceMap, 0, len(maps))
-	for _, m := range maps {
-		if m.name == "traffic_policy" {
-			out = append(out, m)
+	rank := func(m perInterfaceMap) int {
+		switch m.name {
+		case "tap_rules":
+			return 0
+		case "traffic_policy":
+			return 1
 		}
+		return 2
 	}
-	for _, m := range maps {
-		if m.name != "traffic_policy" {
-			out = append(out, m)
-		}
-	}
+	out := slices.Clone(maps)
+	slices.SortStableFunc(out, func(a, b perInterfaceMap) int { return cmp.Compare(rank(a), rank(b)) })
 	return out
 }
 

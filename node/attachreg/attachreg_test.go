@@ -185,7 +185,7 @@ func TestWithoutAPolicyRowFramesAreUnattributedPolicyUnavailable(t *testing.T) {
 	if err := s.reg.RegisterInterface(context.Background(), ifindex, registration(id)); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.dp.TrafficPolicy.Delete(ifindex); err != nil {
+	if err := s.dp.RemoveRules(ifindex); err != nil {
 		t.Fatal(err)
 	}
 	write(t, q, frame(0x0800, 17, "10.0.0.1", 53), frame(0x0800, 17, "10.9.9.9", 53))
@@ -215,6 +215,10 @@ func seedEveryPerInterfaceMap(t *testing.T, dp *datapath.Datapath, ifindex uint3
 		m, err := ebpf.LoadPinnedMap(filepath.Join(dp.PinDir(), e.Name()), nil)
 		if err != nil {
 			t.Fatal(err)
+		}
+		if m.Type() == ebpf.HashOfMaps {
+			m.Close()
+			continue // its rows are maps: registering made ifindex's
 		}
 		key := make([]byte, m.KeySize())
 		binary.NativeEndian.PutUint32(key, ifindex)

@@ -32,8 +32,11 @@
 // IPv6 extension headers walked before the upper-layer header; a longer
 // chain is malformed. Legitimate traffic carries two or three at most.
 #define MAX_EXT_HEADERS 8
-// Fragmented datagrams whose first fragment's decision is remembered.
-#define MAX_FRAGMENTED 8192
+// Fragmented datagrams in flight whose first fragment's decision is
+// remembered, per interface: one tenant's datagrams never evict another's.
+#define FRAGMENTS_PER_INTERFACE 256
+// Host-only ports of one interface, held in its rules.
+#define MAX_HOST_PORTS 16
 // Route answers kept per CPU, and for how long (jiffies: 64 ms at HZ=1000,
 // 256 ms at HZ=250). The kernel's route lookup costs more than the rest of
 // the program; a tenant's frames mostly go to few destinations.
@@ -50,7 +53,7 @@ enum reason {
 };
 enum egress { EGRESS_TAP = 1, EGRESS_VETH = 2 };
 
-// traffic_policy.flags
+// traffic_policy.flags and tap_rules.flags
 #define POLICY_SPOOFING_ALLOWED 0x1 // anti-spoofing off (it is on by default)
 
 struct vrf_binding {
@@ -83,6 +86,42 @@ struct host_port_key {
 	__u8 _pad;
 };
 
+struct host_port {
+	__u16 port; // host byte order
+	__u8 protocol;
+	__u8 _pad;
+};
+
+// rules is everything the program judges an interface's frames by: one
+// registration's policy, gateway, host-only ports and identity, read whole.
+struct rules {
+	__u32 ifindex; // whose rules these are; 0 while they are being removed
+	__u16 attachment;
+	__u8 default_action;
+	__u8 flags;
+	__u64 vpc;
+	__u64 generation;
+	__u8 n_ethertypes;
+	__u8 n_protocols;
+	__u8 n_ports;
+	__u8 _pad[5];
+	__u16 ethertypes[MAX_ETHERTYPES]; // host byte order
+	__u8 protocols[MAX_PROTOCOLS];
+	__u8 gateway_ipv4[4];  // all zero: none
+	__u8 gateway_ipv6[16]; // all zero: none
+	__u8 _pad2[4];
+	struct host_port ports[MAX_HOST_PORTS];
+};
+
+// tap_rules is the tap_rules value: the rules and the lock that makes a
+// reader see one complete version of them. node/attachreg writes it with
+// BPF_F_LOCK, in place, so an update never swaps the element under a reader.
+struct tap_rules {
+	struct bpf_spin_lock lock;
+	__u32 _pad;
+	struct rules rules;
+};
+
 struct decision_key {
 	__u64 vpc;
 	__u16 attachment;
@@ -110,6 +149,18 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } ifindex_vrf SEC(".maps");
 
+// The rows the program reads: one value per interface, read under its lock.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_INTERFACES);
+	__type(key, __u32);
+	__type(value, struct tap_rules);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} tap_rules SEC(".maps");
+
+// traffic_policy, tenant_gateway and host_only_port hold the same
+// registration split by kind. This program does not read them: programs of
+// older builds, still attached to taps those builds registered, do.
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, MAX_INTERFACES);
@@ -158,20 +209,33 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } unattributed SEC(".maps");
 
-// The decision on the first fragment of each fragmented datagram, which
-// every later fragment of it gets. State of datagrams in flight only, least
-// recently used entries making room; shared like route_cache.
-struct {
+// The decision on the first fragment of each fragmented datagram of an
+// interface, which every later fragment of it gets; the last one takes it
+// away. One map per interface (node/attachreg adds it when it registers the
+// interface), so that one tenant's datagrams only ever make room among its
+// own, least recently used first.
+// Sizes, not types: BTF would carry the key's struct only as a declaration
+// this deep in a map definition.
+struct fragments_of_interface {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, MAX_FRAGMENTED);
-	__type(key, struct fragment_key);
-	__type(value, __u8);
-} fragments SEC(".maps");
+	__uint(max_entries, FRAGMENTS_PER_INTERFACE);
+	__uint(key_size, sizeof(struct fragment_key));
+	__uint(value_size, sizeof(__u8));
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH_OF_MAPS);
+	__uint(max_entries, MAX_INTERFACES);
+	__type(key, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__array(values, struct fragments_of_interface);
+} tap_fragments SEC(".maps");
 
 // The route lookup's answer for a destination of an interface: whether the
 // host receives packets to it.
 struct route_answer {
 	__u64 expires; // jiffies
+	__u64 epoch;   // route_epoch when it was answered
 	__u32 ifindex;
 	__u8 family;
 	__u8 to_host;
@@ -189,6 +253,23 @@ struct {
 	__type(value, struct route_answer);
 } route_cache SEC(".maps");
 
+// Where read_rules copies the rules of the frame being judged, per CPU.
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct rules);
+} rules_scratch SEC(".maps");
+
+// Bumped by the node daemon on every address and route change it reads from
+// the kernel: a cached answer of an older epoch is asked again.
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} route_epoch SEC(".maps");
+
 static __always_inline void count_unattributed(__u32 reason)
 {
 	__u64 *n = bpf_map_lookup_elem(&unattributed, &reason);
@@ -199,9 +280,9 @@ static __always_inline void count_unattributed(__u32 reason)
 // count_decision counts d against the interface's identity. When the
 // decisions map is full and the identity has no row yet, the frame is still
 // judged, and counted as unattributed decisions_full.
-static __always_inline void count_decision(const struct vrf_binding *vb, __u8 decision)
+static __always_inline void count_decision(const struct rules *r, __u8 decision)
 {
-	struct decision_key key = {.vpc = vb->vpc, .attachment = vb->attachment, .decision = decision};
+	struct decision_key key = {.vpc = r->vpc, .attachment = r->attachment, .decision = decision};
 	__u64 *n = bpf_map_lookup_elem(&decisions, &key);
 	if (!n) {
 		__u64 zero = 0;
@@ -257,7 +338,7 @@ static __always_inline int zero16(const __u8 *a)
 	return (word(a) | word(a + 4) | word(a + 8) | word(a + 12)) == 0;
 }
 
-static __always_inline __u8 by_default(const struct traffic_policy *pol)
+static __always_inline __u8 by_default(const struct rules *pol)
 {
 	return pol->default_action == ACTION_ALLOW ? DECISION_ALLOW : DECISION_DENY;
 }
@@ -292,6 +373,7 @@ struct packet {
 	__u8 is6;
 	__u8 l4proto;
 	__u8 fragment; // 0: none, 1: first fragment, 2: a later fragment
+	__u8 last_fragment; // a later fragment without "more fragments"
 };
 
 // parse_ipv4 fills p from the IPv4 header; a header the kernel would refuse
@@ -311,9 +393,10 @@ static __always_inline int parse_ipv4(struct __sk_buff *skb, struct packet *p)
 	p->l4off = ETH_HLEN + hlen;
 	p->end = ETH_HLEN + total;
 	__u16 frag = bpf_ntohs(ip.frag_off);
-	if (frag & 0x1fff)
+	if (frag & 0x1fff) {
 		p->fragment = 2;
-	else if (frag & 0x2000)
+		p->last_fragment = !(frag & 0x2000);
+	} else if (frag & 0x2000)
 		p->fragment = 1;
 	p->frag_id = bpf_ntohs(ip.id);
 	return 0;
@@ -359,6 +442,7 @@ static __always_inline int parse_ipv6(struct __sk_buff *skb, struct packet *p)
 			if (fo & 0xfff8) {
 				// A later fragment: its upper layer is in the first one.
 				p->fragment = 2;
+				p->last_fragment = !(fo & 1);
 				p->l4proto = nh;
 				p->l4off = off;
 				return 0;
@@ -396,16 +480,22 @@ static __always_inline int parse_l4(struct __sk_buff *skb, struct packet *p)
 // broadcast addresses of the VRF, no route) is for the host. When forwarding
 // is off on the interface the kernel forwards nothing from it, so every
 // packet is for the host; an unanswered lookup fails closed the same way.
-// Answers are cached for ROUTE_CACHE_JIFFIES: an address added to the VRF
-// counts as the host's within that time.
+// Answers are cached until the node daemon reports an address or route change
+// (route_epoch), and for ROUTE_CACHE_JIFFIES at most: without the daemon, an
+// address added to the VRF counts as the host's within that time.
 static __always_inline int routed_to_host(struct __sk_buff *skb, __u32 ifindex, const struct packet *p)
 {
 	__u32 h = ifindex * 0x9e3779b1 ^ word(p->dst) ^ word(p->dst + 4) ^ word(p->dst + 8) ^ word(p->dst + 12);
 	__u32 slot = (h ^ h >> 16) & (ROUTE_CACHE_SLOTS - 1);
 	__u8 family = p->is6 ? AF_INET6 : AF_INET;
 	__u64 now = bpf_jiffies64();
+	// Read before the lookup: an answer is never newer than its epoch.
+	__u32 zero = 0;
+	__u64 *e = bpf_map_lookup_elem(&route_epoch, &zero);
+	__u64 epoch = e ? *e : 0;
 	struct route_answer *a = bpf_map_lookup_elem(&route_cache, &slot);
-	if (a && a->ifindex == ifindex && a->family == family && equal16(a->dst, p->dst) && now < a->expires)
+	if (a && a->ifindex == ifindex && a->family == family && equal16(a->dst, p->dst) && now < a->expires &&
+	    a->epoch == epoch)
 		return a->to_host;
 
 	struct bpf_fib_lookup fib = {.family = family, .ifindex = ifindex};
@@ -429,6 +519,7 @@ static __always_inline int routed_to_host(struct __sk_buff *skb, __u32 ifindex, 
 	}
 	if (a) {
 		a->expires = now + ROUTE_CACHE_JIFFIES;
+		a->epoch = epoch;
 		a->ifindex = ifindex;
 		a->family = family;
 		a->to_host = host;
@@ -440,18 +531,18 @@ static __always_inline int routed_to_host(struct __sk_buff *skb, __u32 ifindex, 
 // to_host says whether the host itself receives a packet to p->dst on
 // ifindex rather than forwarding it: the gateway, broadcast, multicast, IPv6
 // link-local, and every address the kernel's route lookup does not forward.
-static __always_inline int to_host(struct __sk_buff *skb, __u32 ifindex, const struct packet *p, const struct gateway *gw)
+static __always_inline int to_host(struct __sk_buff *skb, __u32 ifindex, const struct packet *p, const struct rules *r)
 {
 	if (p->is6) {
 		if (p->dst[0] == 0xff || (p->dst[0] == 0xfe && (p->dst[1] & 0xc0) == 0x80))
 			return 1;
-		if (gw && equal16(gw->ipv6, p->dst) && !zero16(gw->ipv6))
+		if (equal16(r->gateway_ipv6, p->dst) && !zero16(r->gateway_ipv6))
 			return 1;
 	} else {
 		__u32 dst = word(p->dst);
 		if ((p->dst[0] & 0xf0) == 0xe0 || dst == 0xffffffff)
 			return 1;
-		if (gw && dst && equal4(gw->ipv4, p->dst))
+		if (dst && equal4(r->gateway_ipv4, p->dst))
 			return 1;
 	}
 	return routed_to_host(skb, ifindex, p);
@@ -462,13 +553,14 @@ static __always_inline int to_host(struct __sk_buff *skb, __u32 ifindex, const s
 // router's or DHCP server's message (router advertisement, redirect, DHCP
 // replies). The attachment's own addresses are not known here; see
 // docs/datapath.md.
-static __always_inline int spoofed(struct __sk_buff *skb, const struct packet *p, const struct gateway *gw)
+static __always_inline int spoofed(struct __sk_buff *skb, const struct packet *p, const struct rules *r)
 {
 	if (p->is6) {
-		if (p->src[0] == 0xff || (gw && !zero16(gw->ipv6) && equal16(gw->ipv6, p->src)))
+		if (p->src[0] == 0xff || (!zero16(r->gateway_ipv6) && equal16(r->gateway_ipv6, p->src)))
 			return 1;
 	} else {
-		if ((p->src[0] & 0xf0) == 0xe0 || word(p->src) == 0xffffffff || (gw && word(gw->ipv4) && equal4(gw->ipv4, p->src)))
+		if ((p->src[0] & 0xf0) == 0xe0 || word(p->src) == 0xffffffff ||
+		    (word(r->gateway_ipv4) && equal4(r->gateway_ipv4, p->src)))
 			return 1;
 	}
 	if (p->fragment == 2)
@@ -481,9 +573,10 @@ static __always_inline int spoofed(struct __sk_buff *skb, const struct packet *p
 	case IPPROTO_ICMPV6:
 		if (p->icmp_type == 134 || p->icmp_type == 137) // router advertisement, redirect
 			return 1;
-		if (p->icmp_type == 136 && gw && !zero16(gw->ipv6)) { // advertisement claiming the gateway
+		if (p->icmp_type == 136 && !zero16(r->gateway_ipv6)) { // advertisement claiming the gateway
 			__u8 target[16];
-			return p->l4off + 24 <= p->end && load(skb, p->l4off + 8, target, 16) == 0 && equal16(target, gw->ipv6);
+			return p->l4off + 24 <= p->end && load(skb, p->l4off + 8, target, 16) == 0 &&
+			       equal16(target, r->gateway_ipv6);
 		}
 	}
 	return 0;
@@ -493,7 +586,7 @@ static __always_inline int spoofed(struct __sk_buff *skb, const struct packet *p
 // whatever the default action (the ethertype list still applies), unless it
 // is malformed or spoofed: a sender hardware address that is not the
 // frame's source, or a sender claiming the gateway's address.
-static __always_inline __u8 decide_arp(struct __sk_buff *skb, const struct gateway *gw, int check_spoofing)
+static __always_inline __u8 decide_arp(struct __sk_buff *skb, const struct rules *r, int check_spoofing)
 {
 	struct arp {
 		__u8 dst[6], src[6];
@@ -511,7 +604,7 @@ static __always_inline __u8 decide_arp(struct __sk_buff *skb, const struct gatew
 	if (check_spoofing) {
 		if (word(a.sha) != word(a.src) || a.sha[4] != a.src[4] || a.sha[5] != a.src[5])
 			return DECISION_DENY;
-		if (gw && word(gw->ipv4) && equal4(gw->ipv4, a.spa))
+		if (word(r->gateway_ipv4) && equal4(r->gateway_ipv4, a.spa))
 			return DECISION_DENY;
 	}
 	return DECISION_HOST_ONLY;
@@ -530,43 +623,50 @@ static __always_inline void fragment_key(struct fragment_key *k, __u32 ifindex, 
 }
 
 // judge_ip applies the rules to an IP packet whose upper layer is known.
-static __always_inline __u8 judge_ip(struct __sk_buff *skb, __u32 ifindex, const struct traffic_policy *pol,
-				     const struct packet *p, const struct gateway *gw)
+// host_port_listed says whether (proto, port) is a host-only port of r.
+static __always_inline int host_port_listed(const struct rules *r, __u8 proto, __u16 port)
+{
+#pragma unroll
+	for (int i = 0; i < MAX_HOST_PORTS; i++)
+		if (i < r->n_ports && r->ports[i].port == port && r->ports[i].protocol == proto)
+			return 1;
+	return 0;
+}
+
+static __always_inline __u8 judge_ip(struct __sk_buff *skb, __u32 ifindex, const struct rules *pol,
+				     const struct packet *p)
 {
 	__u8 proto = p->l4proto;
 	if (pol->n_protocols && !listed8(pol->protocols, pol->n_protocols, proto))
 		return DECISION_DENY;
 	if (proto == IPPROTO_TCP || proto == IPPROTO_UDP) {
-		struct host_port_key key = {.ifindex = ifindex, .port = p->dport, .protocol = proto};
 		if (pol->default_action != ACTION_ALLOW) {
 			// Denied unless it is for the host on a listed port: the
 			// route lookup is needed only for a listed port.
-			__u8 *allowed = bpf_map_lookup_elem(&host_only_port, &key);
-			if (!allowed || !*allowed)
+			if (!host_port_listed(pol, proto, p->dport))
 				return DECISION_DENY;
-			return to_host(skb, ifindex, p, gw) ? DECISION_HOST_ONLY : DECISION_DENY;
+			return to_host(skb, ifindex, p, pol) ? DECISION_HOST_ONLY : DECISION_DENY;
 		}
-		if (!to_host(skb, ifindex, p, gw))
+		if (!to_host(skb, ifindex, p, pol))
 			return DECISION_ALLOW;
-		__u8 *allowed = bpf_map_lookup_elem(&host_only_port, &key);
-		return allowed && *allowed ? DECISION_HOST_ONLY : DECISION_DENY;
+		return host_port_listed(pol, proto, p->dport) ? DECISION_HOST_ONLY : DECISION_DENY;
 	}
 	if (proto == (p->is6 ? IPPROTO_ICMPV6 : IPPROTO_ICMP)) {
 		// Router solicitation, neighbor solicitation and advertisement
 		// for the host: how a VM finds its gateway.
 		__u8 t = p->icmp_type;
-		if (p->is6 && (t == 133 || t == 135 || t == 136) && to_host(skb, ifindex, p, gw))
+		if (p->is6 && (t == 133 || t == 135 || t == 136) && to_host(skb, ifindex, p, pol))
 			return DECISION_HOST_ONLY;
 		// Any other ICMP, to the host or not, follows the default action.
 		return by_default(pol);
 	}
 	// No other protocol reaches the host: it offers tenants ports only.
-	if (pol->default_action != ACTION_ALLOW || to_host(skb, ifindex, p, gw))
+	if (pol->default_action != ACTION_ALLOW || to_host(skb, ifindex, p, pol))
 		return DECISION_DENY;
 	return DECISION_ALLOW;
 }
 
-static __always_inline __u8 decide(struct __sk_buff *skb, __u32 ifindex, const struct traffic_policy *pol)
+static __always_inline __u8 decide(struct __sk_buff *skb, __u32 ifindex, const struct rules *pol)
 {
 	__u16 proto = bpf_ntohs(skb->protocol);
 	// The kernel strips one VLAN tag before TCX runs; a tag still there
@@ -584,9 +684,8 @@ static __always_inline __u8 decide(struct __sk_buff *skb, __u32 ifindex, const s
 		if (eth.h_source[0] & 1) // a group address is no frame's source
 			return DECISION_DENY;
 	}
-	struct gateway *gw = bpf_map_lookup_elem(&tenant_gateway, &ifindex);
 	if (proto == ETH_P_ARP)
-		return decide_arp(skb, gw, check_spoofing);
+		return decide_arp(skb, pol, check_spoofing);
 
 	struct packet p = {};
 	if (proto == ETH_P_IP) {
@@ -602,42 +701,70 @@ static __always_inline __u8 decide(struct __sk_buff *skb, __u32 ifindex, const s
 	if (p.fragment == 2) {
 		// No upper-layer header here: the fragment gets the decision on
 		// its datagram's first fragment, or is denied when none was seen.
+		// The last fragment takes the datagram's state with it.
+		void *frags = bpf_map_lookup_elem(&tap_fragments, &ifindex);
+		if (!frags)
+			return DECISION_DENY;
 		struct fragment_key k = {};
 		fragment_key(&k, ifindex, &p);
-		__u8 *d = bpf_map_lookup_elem(&fragments, &k);
-		return d ? *d : DECISION_DENY;
+		__u8 *first = bpf_map_lookup_elem(frags, &k);
+		if (!first)
+			return DECISION_DENY;
+		__u8 d = *first;
+		if (p.last_fragment)
+			bpf_map_delete_elem(frags, &k);
+		return d;
 	}
 	__u8 d;
 	if (parse_l4(skb, &p) < 0)
 		d = DECISION_MALFORMED;
-	else if (check_spoofing && spoofed(skb, &p, gw))
+	else if (check_spoofing && spoofed(skb, &p, pol))
 		d = DECISION_DENY;
 	else
-		d = judge_ip(skb, ifindex, pol, &p, gw);
+		d = judge_ip(skb, ifindex, pol, &p);
 	if (p.fragment == 1) {
-		struct fragment_key k = {};
-		fragment_key(&k, ifindex, &p);
-		bpf_map_update_elem(&fragments, &k, &d, BPF_ANY);
+		void *frags = bpf_map_lookup_elem(&tap_fragments, &ifindex);
+		if (frags) {
+			struct fragment_key k = {};
+			fragment_key(&k, ifindex, &p);
+			bpf_map_update_elem(frags, &k, &d, BPF_ANY);
+		}
 	}
 	return d;
+}
+
+// read_rules copies the interface's rules out under their lock, so that a
+// frame is judged by one complete version, and checks that they are its own:
+// a hash element removed under a reader goes back to the map's free list
+// and may carry another interface's rules by the time it is read. The
+// remover zeroes the rules (under the lock) before deleting them, so a
+// recycled element never names ifindex. The copy goes to this CPU's scratch
+// slot, not the stack, which the rest of the program needs: TCX runs with
+// bottom halves off, so nothing else on the CPU uses the slot meanwhile.
+static __always_inline struct rules *read_rules(__u32 ifindex)
+{
+	__u32 zero = 0;
+	struct rules *out = bpf_map_lookup_elem(&rules_scratch, &zero);
+	struct tap_rules *t = bpf_map_lookup_elem(&tap_rules, &ifindex);
+	if (!out || !t)
+		return 0;
+	bpf_spin_lock(&t->lock);
+	__builtin_memcpy(out, &t->rules, sizeof(*out));
+	bpf_spin_unlock(&t->lock);
+	return out->ifindex == ifindex ? out : 0;
 }
 
 SEC("tcx/ingress")
 int tap_ingress(struct __sk_buff *skb)
 {
 	__u32 ifindex = skb->ingress_ifindex;
-	struct traffic_policy *pol = bpf_map_lookup_elem(&traffic_policy, &ifindex);
-	if (!pol) {
+	struct rules *r = read_rules(ifindex);
+	if (!r) {
 		count_unattributed(REASON_POLICY_UNAVAILABLE);
 		return GALACTIC_TCX_DROP;
 	}
-	struct vrf_binding *vb = bpf_map_lookup_elem(&ifindex_vrf, &ifindex);
-	if (!vb) {
-		count_unattributed(REASON_IDENTITY_UNAVAILABLE);
-		return GALACTIC_TCX_DROP;
-	}
-	__u8 d = decide(skb, ifindex, pol);
-	count_decision(vb, d);
+	__u8 d = decide(skb, ifindex, r);
+	count_decision(r, d);
 	return d == DECISION_ALLOW || d == DECISION_HOST_ONLY ? GALACTIC_TCX_NEXT : GALACTIC_TCX_DROP;
 }
 
