@@ -67,7 +67,10 @@ func RunAsLeader(ctx context.Context, cs kubernetes.Interface, namespace, name, 
 	if err != nil {
 		return fmt.Errorf("leader election: %w", err)
 	}
-	le.Run(klog.NewContext(ctx, logr.New(leaseRaceIsNoError{klog.FromContext(ctx).GetSink()})))
+	// WithSink, not logr.New: New calls Init on the sink, which klog shares
+	// process-wide, so two electors in one process would race on it.
+	base := klog.FromContext(ctx)
+	le.Run(klog.NewContext(ctx, base.WithSink(leaseRaceIsNoError{base.GetSink()})))
 	return nil
 }
 
