@@ -256,15 +256,20 @@ func datapathTables(h *cniHost) *datapath.Datapath {
 func TestBadConfigurationIsRefusedAndChangesNothing(t *testing.T) {
 	h := newCNIHost(t)
 	for name, conf := range map[string][]byte{
-		"not json":       []byte("{"),
-		"no identity":    h.conf("", map[string]any{"vpc": ""}),
-		"bad identity":   h.conf("!", nil),
-		"bad route":      h.conf("3", map[string]any{"routes": []string{"ten.0.0.0/8"}}),
-		"bad host port":  h.conf("3", map[string]any{"hostOnlyPorts": []string{"icmp/1"}}),
-		"bad master":     h.conf("3", map[string]any{"master": "team"}),
-		"bad action":     h.conf("3", map[string]any{"policy": map[string]any{"defaultAction": "maybe"}}),
-		"table 0":        h.conf("3", map[string]any{"table": 0}),
-		"gateway family": h.conf("3", map[string]any{"gateway": map[string]string{"ipv4": "fd00::1"}}),
+		"not json":        []byte("{"),
+		"no identity":     h.conf("", map[string]any{"vpc": ""}),
+		"bad identity":    h.conf("!", nil),
+		"bad route":       h.conf("3", map[string]any{"routes": []string{"ten.0.0.0/8"}}),
+		"bad host port":   h.conf("3", map[string]any{"hostOnlyPorts": []string{"icmp/1"}}),
+		"bad master":      h.conf("3", map[string]any{"master": "team"}),
+		"bad action":      h.conf("3", map[string]any{"policy": map[string]any{"defaultAction": "maybe"}}),
+		"table 0":         h.conf("3", map[string]any{"table": 0}),
+		"gateway family":  h.conf("3", map[string]any{"gateway": map[string]string{"ipv4": "fd00::1"}}),
+		"group mac":       h.conf("3", map[string]any{"mac": "01:00:5e:00:00:01"}),
+		"bad runtime mac": h.conf("3", map[string]any{"runtimeConfig": map[string]any{"mac": "02:00"}}),
+		"bad runtime ip":  h.conf("3", map[string]any{"runtimeConfig": map[string]any{"ips": []string{"10.0.0.300/24"}}}),
+		"five ipv4 addresses": h.conf("3", map[string]any{"runtimeConfig": map[string]any{
+			"ips": []string{"10.0.0.1/24", "10.0.0.2/24", "10.0.0.3/24", "10.0.0.4/24", "10.0.0.5/24"}}}),
 	} {
 		if _, err := h.cni("ADD", ctrA, conf); err == nil {
 			t.Errorf("%s: ADD succeeded", name)

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"net/netip"
 
 	"github.com/datum-cloud/galactic-node/ebpf/datapath"
@@ -45,10 +46,10 @@ func (p *portList) Set(s string) error {
 
 // tapFlags are the flags of galactic-node tap add|del|hold.
 type tapFlags struct {
-	vpc, att, owner, bpffs, lockDir, master, gw4 string
-	table, mtu                                   uint
-	routes                                       prefixList
-	ports                                        portList
+	vpc, att, owner, bpffs, lockDir, master, gw4, mac string
+	table, mtu                                        uint
+	routes                                            prefixList
+	ports                                             portList
 }
 
 // tapFlagSet defines the flags of galactic-node tap verb into t.
@@ -64,6 +65,7 @@ func tapFlagSet(verb string, t *tapFlags) *flag.FlagSet {
 	fs.UintVar(&t.mtu, "mtu", 0, "MTU (0: kernel default)")
 	fs.Var(&t.routes, "route", "a route through the tap (repeatable; from the environment, one)")
 	fs.StringVar(&t.gw4, "gateway4", "", "the tenant gateway's IPv4 address")
+	fs.StringVar(&t.mac, "mac", "", "the VM's MAC address, which anti-spoofing binds its frames to (its routes bind its addresses)")
 	fs.Var(&t.ports, "host-port", "a host-only port, tcp/N or udp/N (repeatable; from the environment, one)")
 	return fs
 }
@@ -134,6 +136,12 @@ func runTap(ctx context.Context, args, environ []string, stdout, stderr io.Write
 	default:
 		return cli.Misuse(fs.Name(), fmt.Errorf("--master %q: want vrf or bridge", t.master))
 	}
+	var mac net.HardwareAddr
+	if t.mac != "" {
+		if mac, err = net.ParseMAC(t.mac); err != nil {
+			return cli.Misuse(fs.Name(), fmt.Errorf("--mac: %w", err))
+		}
+	}
 	var gw datapath.Gateway
 	if t.gw4 != "" {
 		if gw.IPv4, err = netip.ParseAddr(t.gw4); err != nil {
@@ -147,7 +155,7 @@ func runTap(ctx context.Context, args, environ []string, stdout, stderr io.Write
 	err = reg.RegisterInterface(ctx, res.Tap.Index, attachreg.Registration{
 		Identity: id, Table: uint32(t.table), Egress: datapath.EgressTap,
 		Policy:  datapath.Policy{Generation: 1, DefaultAction: datapath.ActionAllow},
-		Gateway: gw, HostOnlyPorts: t.ports,
+		Gateway: gw, HostOnlyPorts: t.ports, MAC: mac, Addresses: t.routes,
 	})
 	if err != nil {
 		if !res.Adopted {

@@ -69,6 +69,21 @@ type datapathRules struct {
 		Protocol uint8
 		Pad      uint8
 	}
+	Mac         [6]uint8
+	N_prefixes4 uint8
+	N_prefixes6 uint8
+	Prefixes4   [4]struct {
+		_    structs.HostLayout
+		Addr [4]uint8
+		Len  uint8
+		Pad  [3]uint8
+	}
+	Prefixes6 [4]struct {
+		_    structs.HostLayout
+		Addr [16]uint8
+		Len  uint8
+		Pad  [3]uint8
+	}
 }
 
 type datapathTapRules struct {

@@ -27,8 +27,11 @@ const (
 	// ruleOtherToHost: any other protocol to the host: deny.
 	ruleOtherToHost
 	// ruleAlways: the same decision under every policy (malformed frames,
-	// stacked tags, spoofing, fragments whose first fragment was not seen).
+	// stacked tags, fragments whose first fragment was not seen).
 	ruleAlways
+	// ruleSpoofed: spoofed, under every policy whose ethertype list lets
+	// the frame in (anti-spoofing comes after that list, before the rest).
+	ruleSpoofed
 )
 
 // frameCase is one frame (or a fragmented datagram) a VM writes, the rule it
@@ -71,6 +74,9 @@ func (p profile) want(c frameCase) datapath.Decision {
 	pol := p.policy
 	if len(pol.Ethertypes) > 0 && !slices.Contains(pol.Ethertypes, c.ethertype) {
 		return datapath.DecisionDeny
+	}
+	if c.rule == ruleSpoofed {
+		return datapath.DecisionSpoofed
 	}
 	if (c.ethertype == etIPv4 || c.ethertype == etIPv6) && len(pol.Protocols) > 0 && !slices.Contains(pol.Protocols, datapath.Protocol(c.proto)) {
 		return datapath.DecisionDeny
@@ -178,6 +184,7 @@ func frameCases() []frameCase {
 		c.rule, c.fixed = ruleAlways, d
 		return c
 	}
+	spoofed := func(c frameCase) frameCase { c.rule = ruleSpoofed; return c }
 	v4 := func(name string, issue int, f func(m []byte) [][]byte, proto uint8) frameCase {
 		return frameCase{name: name, issue: issue, frames: f, ethertype: etIPv4, proto: proto}
 	}
@@ -304,34 +311,73 @@ func frameCases() []frameCase {
 			sn := solicitedNode(gw6)
 			return one(eth(multicastMAC(sn), vmMAC, nil, etIPv6, ipv6(vm6, sn, nil, protoICMPv6, icmp6(vm6, sn, 135, 0, append(neighborSolicit(gw6, vmMAC, false), m...)), 255)))
 		}, protoICMPv6)),
-		always(frameCase{name: "ARP claiming the gateway's address", issue: 7, ethertype: etARP, frames: func(m []byte) [][]byte {
+		spoofed(frameCase{name: "ARP claiming the gateway's address", issue: 7, ethertype: etARP, frames: func(m []byte) [][]byte {
 			return one(eth(bcastMAC, vmMAC, nil, etARP, append(arp(2, vmMAC, gw4, gw4), m...)))
-		}}, datapath.DecisionDeny),
-		always(frameCase{name: "ARP whose sender is not the frame's source", issue: 7, ethertype: etARP, frames: func(m []byte) [][]byte {
+		}}),
+		spoofed(frameCase{name: "ARP whose sender is not the frame's source", issue: 7, ethertype: etARP, frames: func(m []byte) [][]byte {
 			return one(eth(bcastMAC, vmMAC, nil, etARP, append(arp(1, brMAC, vm4, gw4), m...)))
-		}}, datapath.DecisionDeny),
-		always(v6("neighbor advertisement claiming the gateway's address", 7, func(m []byte) [][]byte {
+		}}),
+		spoofed(v6("neighbor advertisement claiming the gateway's address", 7, func(m []byte) [][]byte {
 			return one(eth(allNodes, vmMAC, nil, etIPv6, ipv6(vm6, "ff02::1", nil, protoICMPv6, icmp6(vm6, "ff02::1", 136, 0, append(neighborSolicit(gw6, vmMAC, true), m...)), 255)))
-		}, protoICMPv6), datapath.DecisionDeny),
-		always(v6("router advertisement", 7, func(m []byte) [][]byte {
+		}, protoICMPv6)),
+		spoofed(v6("router advertisement", 7, func(m []byte) [][]byte {
 			body := append([]byte{64, 0, 0x07, 0x08, 0, 0, 0, 0, 0, 0, 0, 0}, m...)
 			return one(eth(allNodes, vmMAC, nil, etIPv6, ipv6(vmLL, "ff02::1", nil, protoICMPv6, icmp6(vmLL, "ff02::1", 134, 0, body), 255)))
-		}, protoICMPv6), datapath.DecisionDeny),
-		always(v6("ICMPv6 redirect", 7, func(m []byte) [][]byte {
+		}, protoICMPv6)),
+		spoofed(v6("ICMPv6 redirect", 7, func(m []byte) [][]byte {
 			body := append(append(append([]byte{0, 0, 0, 0}, netipBytes(vmLL)...), netipBytes(far6)...), m...)
 			return one(eth(brMAC, vmMAC, nil, etIPv6, ipv6(vmLL, brLL, nil, protoICMPv6, icmp6(vmLL, brLL, 137, 0, body), 255)))
-		}, protoICMPv6), datapath.DecisionDeny),
-		always(v4("ICMP redirect", 7, func(m []byte) [][]byte {
+		}, protoICMPv6)),
+		spoofed(v4("ICMP redirect", 7, func(m []byte) [][]byte {
 			return one(eth(brMAC, vmMAC, nil, etIPv4, ipv4(vm4, gw4, protoICMP, icmp4(5, 1, append(netipBytes(vm4), m...)), ipv4Opts{})))
-		}, protoICMP), datapath.DecisionDeny),
-		always(v4("DHCP offer from the VM", 7, udp4(bcastMAC, vm4, "255.255.255.255", 67, 68, ipv4Opts{}), protoUDP), datapath.DecisionDeny),
-		always(v6("DHCPv6 advertise from the VM", 7, udp6(brMAC, vmLL, brLL, nil, 547, 546), protoUDP), datapath.DecisionDeny),
-		always(v4("udp4 from the gateway's address", 7, udp4(brMAC, gw4, far4, 40000, 9999, ipv4Opts{}), protoUDP), datapath.DecisionDeny),
-		always(v6("udp6 from the gateway's address", 7, udp6(brMAC, gw6, far6, nil, 40000, 9999), protoUDP), datapath.DecisionDeny),
-		always(v4("udp4 from a multicast source", 7, udp4(brMAC, "224.0.0.9", far4, 40000, 9999, ipv4Opts{}), protoUDP), datapath.DecisionDeny),
-		always(v4("a multicast source MAC", 7, func(m []byte) [][]byte {
+		}, protoICMP)),
+		spoofed(v4("DHCP offer from the VM", 7, udp4(bcastMAC, vm4, "255.255.255.255", 67, 68, ipv4Opts{}), protoUDP)),
+		spoofed(v6("DHCPv6 advertise from the VM", 7, udp6(brMAC, vmLL, brLL, nil, 547, 546), protoUDP)),
+		spoofed(v4("udp4 from the gateway's address", 7, udp4(brMAC, gw4, far4, 40000, 9999, ipv4Opts{}), protoUDP)),
+		spoofed(v6("udp6 from the gateway's address", 7, udp6(brMAC, gw6, far6, nil, 40000, 9999), protoUDP)),
+		spoofed(v4("udp4 from a multicast source", 7, udp4(brMAC, "224.0.0.9", far4, 40000, 9999, ipv4Opts{}), protoUDP)),
+		spoofed(v4("a multicast source MAC", 7, func(m []byte) [][]byte {
 			return one(eth(brMAC, multicastMAC("224.0.0.9"), nil, etIPv4, udpPkt4(far4, 9999)(m)))
-		}, protoUDP), datapath.DecisionDeny),
+		}, protoUDP)),
+
+		// Issue 29, 5: the attachment's own MAC and addresses.
+		spoofed(v4("a unicast source MAC that is not the VM's", 29, func(m []byte) [][]byte {
+			return one(eth(brMAC, otherMAC, nil, etIPv4, udpPkt4(far4, 9999)(m)))
+		}, protoUDP)),
+		spoofed(v4("udp4 from another address of the subnet", 29, udp4(brMAC, "10.0.0.3", far4, 40000, 9999, ipv4Opts{}), protoUDP)),
+		spoofed(v4("udp4 from the host's other address", 29, udp4(brMAC, local4, far4, 40000, 9999, ipv4Opts{}), protoUDP)),
+		spoofed(v6("udp6 from another address of the subnet", 29, udp6(brMAC, "fd00::3", far6, nil, 40000, 9999), protoUDP)),
+		spoofed(v6("udp6 from the host's other address", 29, udp6(brMAC, local6, far6, nil, 40000, 9999), protoUDP)),
+		spoofed(v4("a later udp4 fragment from another address", 29, func(m []byte) [][]byte {
+			pl := append([]byte{0x9c, 0x40, 0, 53}, payload(m)...)
+			return one(eth(brMAC, vmMAC, nil, etIPv4, ipv4("10.0.0.3", far4, protoUDP, pl, ipv4Opts{id: 9, offset: 4})))
+		}, protoUDP)),
+		spoofed(frameCase{name: "ARP claiming another VM's address", issue: 29, ethertype: etARP, frames: func(m []byte) [][]byte {
+			return one(eth(bcastMAC, vmMAC, nil, etARP, append(arp(2, vmMAC, "10.0.0.3", gw4), m...)))
+		}}),
+		spoofed(frameCase{name: "ARP from another MAC, sender and frame alike", issue: 29, ethertype: etARP, frames: func(m []byte) [][]byte {
+			return one(eth(bcastMAC, otherMAC, nil, etARP, append(arp(1, otherMAC, vm4, gw4), m...)))
+		}}),
+		func() frameCase {
+			c := link(frameCase{name: "ARP probe from 0.0.0.0", issue: 29, ethertype: etARP})
+			c.frames = func(m []byte) [][]byte {
+				return one(eth(bcastMAC, vmMAC, nil, etARP, append(arp(1, vmMAC, "0.0.0.0", vm4), m...)))
+			}
+			return c
+		}(),
+		spoofed(v6("neighbor advertisement for the host's other address", 29, func(m []byte) [][]byte {
+			return one(eth(allNodes, vmMAC, nil, etIPv6, ipv6(vm6, "ff02::1", nil, protoICMPv6, icmp6(vm6, "ff02::1", 136, 0, append(neighborSolicit(local6, vmMAC, true), m...)), 255)))
+		}, protoICMPv6)),
+		link(v6("neighbor advertisement for the VM's own address", 29, func(m []byte) [][]byte {
+			return one(eth(allNodes, vmMAC, nil, etIPv6, ipv6(vm6, "ff02::1", nil, protoICMPv6, icmp6(vm6, "ff02::1", 136, 0, append(neighborSolicit(vm6, vmMAC, true), m...)), 255)))
+		}, protoICMPv6)),
+		link(v6("duplicate address detection from ::", 29, func(m []byte) [][]byte {
+			sn := solicitedNode(vm6)
+			return one(eth(multicastMAC(sn), vmMAC, nil, etIPv6, ipv6("::", sn, nil, protoICMPv6, icmp6("::", sn, 135, 0, append(neighborSolicit(vm6, vmMAC, false)[:20], m...)), 255)))
+		}, protoICMPv6)),
+		spoofed(v4("udp4 from 0.0.0.0 that is no DHCP discovery", 29, udp4(bcastMAC, "0.0.0.0", "255.255.255.255", 40000, 53, ipv4Opts{}), protoUDP)),
+		spoofed(v4("a DHCP reply from another source port", 29, udp4(brMAC, vm4, far4, 1067, 68, ipv4Opts{}), protoUDP)),
+		spoofed(v6("a DHCPv6 reply from another source port", 29, udp6(brMAC, vm6, far6, nil, 1547, 546), protoUDP)),
 	}
 }
 

@@ -48,6 +48,7 @@ const (
 
 var (
 	vmMAC    = net.HardwareAddr{0x02, 0, 0, 0, 0, 0x02}
+	otherMAC = net.HardwareAddr{0x02, 0, 0, 0, 0, 0x03} // another VM's
 	brMAC    = net.HardwareAddr{0x02, 0, 0, 0, 0, 0xfe}
 	bcastMAC = net.HardwareAddr{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
 )
@@ -151,17 +152,14 @@ func (s *tapScene) registration(policy datapath.Policy) attachreg.Registration {
 		Identity: attachreg.IdentityOf(s.id.VPC, s.id.Attachment), Table: 1062, Egress: datapath.EgressTap, Policy: policy,
 		Gateway:       datapath.Gateway{IPv4: netip.MustParseAddr(gw4), IPv6: netip.MustParseAddr(gw6)},
 		HostOnlyPorts: hostPorts,
+		MAC:           vmMAC,
+		Addresses:     []netip.Prefix{netip.MustParsePrefix(vm4 + "/32"), netip.MustParsePrefix(vm6 + "/128")},
 	}
 }
 
 // rules is the tap_rules row attachreg writes for registration(policy).
 func (s *tapScene) rules(policy datapath.Policy) datapath.Rules {
-	r := datapath.Rules{Ifindex: s.ifindex, VPC: s.id.VPC, Attachment: s.id.Attachment, Policy: policy,
-		Gateway: s.registration(policy).Gateway}
-	for _, p := range hostPorts {
-		r.HostPorts = append(r.HostPorts, datapath.Port{Protocol: p.Protocol, Port: p.Port})
-	}
-	return r
+	return s.registration(policy).Rules(s.ifindex)
 }
 
 func (s *tapScene) register(t testing.TB, policy datapath.Policy) {
@@ -305,8 +303,9 @@ type counts struct {
 
 // Decisions and reasons the counters are read for.
 var (
-	allDecisions = []datapath.Decision{datapath.DecisionAllow, datapath.DecisionDeny, datapath.DecisionHostOnly, datapath.DecisionMalformed}
-	allReasons   = []datapath.Reason{datapath.ReasonPolicyUnavailable, datapath.ReasonIdentityUnavailable, datapath.ReasonDecisionsFull}
+	allDecisions = []datapath.Decision{datapath.DecisionAllow, datapath.DecisionDeny, datapath.DecisionHostOnly,
+		datapath.DecisionMalformed, datapath.DecisionSpoofed}
+	allReasons = []datapath.Reason{datapath.ReasonPolicyUnavailable, datapath.ReasonIdentityUnavailable, datapath.ReasonDecisionsFull}
 )
 
 func (s *tapScene) counts(t testing.TB) counts {

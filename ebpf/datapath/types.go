@@ -3,6 +3,7 @@ package datapath
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 )
 
@@ -96,9 +97,11 @@ type Policy struct {
 	Ethertypes    []uint16   `json:"ethertypes,omitempty"`
 	Protocols     []Protocol `json:"protocols,omitempty"`
 	// AllowSpoofing turns anti-spoofing off. It is on by default (the zero
-	// value): frames from a group MAC, IP packets from a multicast,
-	// broadcast or gateway address, ARP claiming the gateway, router
-	// advertisements, redirects and DHCP server replies are denied.
+	// value): frames from a group MAC or another MAC than the attachment's,
+	// IP packets from an address that is not the attachment's, ARP and
+	// neighbor advertisements claiming one, router advertisements,
+	// redirects and DHCP server messages are dropped as spoofed
+	// (docs/datapath.md).
 	AllowSpoofing bool `json:"allowSpoofing,omitempty"`
 }
 
@@ -162,7 +165,23 @@ type Rules struct {
 	Policy     Policy     `json:"policy"`
 	Gateway    Gateway    `json:"gateway"`
 	HostPorts  []Port     `json:"hostPorts,omitempty"`
+	// MAC and Prefixes are the attachment's own: with anti-spoofing on,
+	// frames from another source MAC (when MAC is set) and packets from an
+	// address in none of the prefixes of their family are dropped as
+	// spoofed. Up to MaxPrefixes per family.
+	MAC      HardwareAddr   `json:"mac,omitempty"`
+	Prefixes []netip.Prefix `json:"prefixes,omitempty"`
 }
+
+// MaxPrefixes is how many address prefixes of each family an interface's
+// rules hold.
+const MaxPrefixes = 4
+
+// HardwareAddr is a MAC address that marshals as text.
+type HardwareAddr []byte
+
+// MarshalText writes the address as net.HardwareAddr does.
+func (a HardwareAddr) MarshalText() ([]byte, error) { return []byte(net.HardwareAddr(a).String()), nil }
 
 func (r Rules) raw() (datapathTapRules, error) {
 	var out datapathTapRules
@@ -184,6 +203,29 @@ func (r Rules) raw() (datapathTapRules, error) {
 	raw.N_ethertypes, raw.Ethertypes = pol.N_ethertypes, pol.Ethertypes
 	raw.N_protocols, raw.Protocols = pol.N_protocols, pol.Protocols
 	raw.GatewayIpv4, raw.GatewayIpv6 = gw.Ipv4, gw.Ipv6
+	if len(r.MAC) != 0 && len(r.MAC) != 6 {
+		return out, fmt.Errorf("mac %v: want 6 bytes: %w", net.HardwareAddr(r.MAC), ErrInvalidRow)
+	}
+	copy(raw.Mac[:], r.MAC)
+	for _, p := range r.Prefixes {
+		if !p.IsValid() || p.Addr().Is4In6() {
+			return out, fmt.Errorf("prefix %v: %w", p, ErrInvalidRow)
+		}
+		p = p.Masked()
+		if p.Addr().Is4() {
+			if int(raw.N_prefixes4) == MaxPrefixes {
+				return out, fmt.Errorf("more than %d IPv4 prefixes: %w", MaxPrefixes, ErrInvalidRow)
+			}
+			raw.Prefixes4[raw.N_prefixes4].Addr, raw.Prefixes4[raw.N_prefixes4].Len = p.Addr().As4(), uint8(p.Bits())
+			raw.N_prefixes4++
+			continue
+		}
+		if int(raw.N_prefixes6) == MaxPrefixes {
+			return out, fmt.Errorf("more than %d IPv6 prefixes: %w", MaxPrefixes, ErrInvalidRow)
+		}
+		raw.Prefixes6[raw.N_prefixes6].Addr, raw.Prefixes6[raw.N_prefixes6].Len = p.Addr().As16(), uint8(p.Bits())
+		raw.N_prefixes6++
+	}
 	raw.N_ports = uint8(len(r.HostPorts))
 	for i, p := range r.HostPorts {
 		if (p.Protocol != ProtocolTCP && p.Protocol != ProtocolUDP) || p.Port == 0 {
@@ -203,6 +245,15 @@ func rulesFrom(t datapathTapRules) Rules {
 	}
 	for _, p := range raw.Ports[:min(int(raw.N_ports), MaxHostPorts)] {
 		r.HostPorts = append(r.HostPorts, Port{Protocol: Protocol(p.Protocol), Port: p.Port})
+	}
+	if raw.Mac != [6]uint8{} {
+		r.MAC = HardwareAddr(raw.Mac[:])
+	}
+	for _, p := range raw.Prefixes4[:min(int(raw.N_prefixes4), MaxPrefixes)] {
+		r.Prefixes = append(r.Prefixes, netip.PrefixFrom(netip.AddrFrom4(p.Addr), int(p.Len)))
+	}
+	for _, p := range raw.Prefixes6[:min(int(raw.N_prefixes6), MaxPrefixes)] {
+		r.Prefixes = append(r.Prefixes, netip.PrefixFrom(netip.AddrFrom16(p.Addr), int(p.Len)))
 	}
 	return r
 }
@@ -316,9 +367,13 @@ const (
 	// IPv6 extension header chain it cannot finish walking, a first
 	// fragment without its ports, a malformed ARP packet).
 	DecisionMalformed Decision = 3
+	// DecisionSpoofed: dropped by anti-spoofing: a source MAC or address
+	// that is not the attachment's, or a message only a router or a DHCP
+	// server sends.
+	DecisionSpoofed Decision = 4
 )
 
-var decisionNames = []string{"allow", "deny", "host_only", "malformed"}
+var decisionNames = []string{"allow", "deny", "host_only", "malformed", "spoofed"}
 
 func (d Decision) String() string { return word(decisionNames, int(d)) }
 

@@ -9,11 +9,14 @@
 package attachreg
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -44,6 +47,13 @@ type Registration struct {
 	Policy        datapath.Policy
 	Gateway       datapath.Gateway
 	HostOnlyPorts []ProtoPort
+	// MAC and Addresses are the attachment's own, which anti-spoofing binds
+	// its frames to: the VM's MAC (nil: not known, so not checked) and the
+	// prefixes its addresses are in (up to datapath.MaxPrefixes per
+	// family). With anti-spoofing on, a family with no prefix has no
+	// address the attachment may send from.
+	MAC       net.HardwareAddr
+	Addresses []netip.Prefix
 }
 
 // ProtoPort is a port of the tenant gateway an interface's tenant may reach,
@@ -220,10 +230,16 @@ func (r *Registry) hostPorts(ifindex uint32) ([]datapath.HostPort, error) {
 }
 
 func (reg Registration) validate(ifindex uint32) error {
-	var errs []error
 	if ifindex == 0 {
-		errs = append(errs, errors.New("ifindex 0"))
+		return fmt.Errorf("%w: ifindex 0", ErrInvalidRegistration)
 	}
+	return reg.Validate()
+}
+
+// Validate refuses a registration that cannot be registered for any
+// interface, naming every fault; it wraps ErrInvalidRegistration.
+func (reg Registration) Validate() error {
+	var errs []error
 	if !reg.Identity.Valid() {
 		errs = append(errs, fmt.Errorf("identity %v is not valid", reg.Identity))
 	}
@@ -239,6 +255,23 @@ func (reg Registration) validate(ifindex uint32) error {
 	}
 	if (reg.Gateway.IPv4.IsValid() && !reg.Gateway.IPv4.Is4()) || (reg.Gateway.IPv6.IsValid() && (!reg.Gateway.IPv6.Is6() || reg.Gateway.IPv6.Is4In6())) {
 		errs = append(errs, fmt.Errorf("gateway %+v: wrong address families", reg.Gateway))
+	}
+	if len(reg.MAC) != 0 && (len(reg.MAC) != 6 || reg.MAC[0]&1 != 0 || bytes.Equal(reg.MAC, make([]byte, 6))) {
+		errs = append(errs, fmt.Errorf("mac %v: want a unicast Ethernet address", reg.MAC))
+	}
+	var v4, v6 int
+	for _, p := range reg.Addresses {
+		switch {
+		case !p.IsValid() || p.Addr().Is4In6():
+			errs = append(errs, fmt.Errorf("address prefix %v is not valid", p))
+		case p.Addr().Is4():
+			v4++
+		default:
+			v6++
+		}
+	}
+	if v4 > datapath.MaxPrefixes || v6 > datapath.MaxPrefixes {
+		errs = append(errs, fmt.Errorf("%d IPv4 and %d IPv6 address prefixes, at most %d of each", v4, v6, datapath.MaxPrefixes))
 	}
 	if len(reg.HostOnlyPorts) > datapath.MaxHostPorts {
 		errs = append(errs, fmt.Errorf("%d host-only ports, at most %d", len(reg.HostOnlyPorts), datapath.MaxHostPorts))
@@ -284,8 +317,14 @@ func (r *Registry) RegisterInterface(ctx context.Context, ifindex uint32, reg Re
 	if err := r.writeOlderBuildsRows(ifindex, reg); err != nil {
 		return fail(err)
 	}
+	if !reg.Policy.AllowSpoofing && len(reg.Addresses) == 0 {
+		r.log.Warn("anti-spoofing is on and the registration names no address of the attachment: "+
+			"every IP packet it sends from an address is dropped as spoofed (give its routes or addresses, or allowSpoofing)",
+			"ifindex", ifindex, "identity", reg.Identity.String())
+	}
 	r.log.Info("interface registered", "ifindex", ifindex, "identity", reg.Identity.String(),
-		"table", reg.Table, "egress", reg.Egress.String(), "host_only_ports", len(reg.HostOnlyPorts))
+		"table", reg.Table, "egress", reg.Egress.String(), "host_only_ports", len(reg.HostOnlyPorts),
+		"mac", reg.MAC.String(), "addresses", len(reg.Addresses), "anti_spoofing", !reg.Policy.AllowSpoofing)
 	return nil
 }
 
@@ -302,13 +341,23 @@ func (r *Registry) writeRules(ifindex uint32, reg Registration) error {
 	if err != nil {
 		return err
 	}
-	ports := make([]datapath.Port, len(reg.HostOnlyPorts))
-	for i, p := range reg.HostOnlyPorts {
-		ports[i] = datapath.Port{Protocol: p.Protocol, Port: p.Port}
+	return d.TapRules.Put(ifindex, reg.Rules(ifindex))
+}
+
+// Rules is the tap_rules row reg registers for the interface ifindex.
+func (reg Registration) Rules(ifindex uint32) datapath.Rules {
+	var ports []datapath.Port
+	for _, p := range reg.HostOnlyPorts {
+		ports = append(ports, datapath.Port{Protocol: p.Protocol, Port: p.Port})
+	}
+	var prefixes []netip.Prefix
+	for _, p := range reg.Addresses {
+		prefixes = append(prefixes, p.Masked())
 	}
 	b := VRFBinding(reg.Identity, reg.Table)
-	return d.TapRules.Put(ifindex, datapath.Rules{Ifindex: ifindex, VPC: b.VPC, Attachment: b.Attachment,
-		Policy: reg.Policy, Gateway: reg.Gateway, HostPorts: ports})
+	return datapath.Rules{Ifindex: ifindex, VPC: b.VPC, Attachment: b.Attachment,
+		Policy: reg.Policy, Gateway: reg.Gateway, HostPorts: ports,
+		MAC: datapath.HardwareAddr(reg.MAC), Prefixes: prefixes}
 }
 
 // writeOlderBuildsRows writes the registration as the programs of older

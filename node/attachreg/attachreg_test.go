@@ -72,6 +72,7 @@ func registration(id identity.Identity) attachreg.Registration {
 		HostOnlyPorts: []attachreg.ProtoPort{
 			{Protocol: datapath.ProtocolUDP, Port: 53},
 		},
+		Addresses: []netip.Prefix{netip.MustParsePrefix("10.0.0.2/32")}, // frame's source
 	}
 }
 

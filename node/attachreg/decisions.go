@@ -17,7 +17,8 @@ import (
 // from zero and the map does not fill with the counters of gone tenants.
 
 // decisions are every decision the program counts.
-var decisions = []datapath.Decision{datapath.DecisionAllow, datapath.DecisionDeny, datapath.DecisionHostOnly, datapath.DecisionMalformed}
+var decisions = []datapath.Decision{datapath.DecisionAllow, datapath.DecisionDeny, datapath.DecisionHostOnly,
+	datapath.DecisionMalformed, datapath.DecisionSpoofed}
 
 // boundIdentity returns the identity ifindex's ifindex_vrf row names, and
 // whether it has one.

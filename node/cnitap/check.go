@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"reflect"
 	"slices"
@@ -83,6 +84,13 @@ func checkRows(e *env, ifindex uint32, inv *invocation, fail func(string, ...any
 	if want := attachreg.VRFBinding(reg.Identity, reg.Table); binding != want {
 		return fail("tap %s ifindex_vrf row is %+v, configured %+v", name, binding, want)
 	}
+	rules, err := d.TapRules.Get(ifindex)
+	if err != nil {
+		return fail("tap %s lacks its tap_rules row: %v", name, err)
+	}
+	if want := reg.Rules(ifindex); !sameRules(rules, want) {
+		return fail("tap %s tap_rules row is %+v, configured %+v", name, rules, want)
+	}
 	policy, err := d.TrafficPolicy.Get(ifindex)
 	if err != nil {
 		return fail("tap %s lacks its traffic_policy row: %v", name, err)
@@ -130,6 +138,37 @@ func samePolicy(a, b datapath.Policy) bool {
 		return p
 	}
 	return reflect.DeepEqual(norm(a), norm(b))
+}
+
+// sameRules compares rules as the program reads them: lists in order
+// (prefixes by family, as the row holds them), empty and nil alike.
+func sameRules(a, b datapath.Rules) bool {
+	norm := func(r datapath.Rules) datapath.Rules {
+		r.Policy.Generation = 0
+		if len(r.Policy.Ethertypes) == 0 {
+			r.Policy.Ethertypes = nil
+		}
+		if len(r.Policy.Protocols) == 0 {
+			r.Policy.Protocols = nil
+		}
+		if len(r.HostPorts) == 0 {
+			r.HostPorts = nil
+		}
+		if len(r.MAC) == 0 {
+			r.MAC = nil
+		}
+		var v4, v6 []netip.Prefix
+		for _, p := range r.Prefixes {
+			if p.Addr().Is4() {
+				v4 = append(v4, p.Masked())
+			} else {
+				v6 = append(v6, p.Masked())
+			}
+		}
+		r.Prefixes = slices.Concat(v4, v6)
+		return r
+	}
+	return samePolicy(a.Policy, b.Policy) && reflect.DeepEqual(norm(a), norm(b))
 }
 
 func sameSet[T comparable](a, b []T) bool {

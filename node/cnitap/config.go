@@ -11,7 +11,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
+	"slices"
 	"strconv"
 
 	"github.com/containernetworking/cni/pkg/skel"
@@ -66,7 +68,22 @@ type NetConf struct {
 		Ethertypes    []uint16 `json:"ethertypes,omitempty"`
 		Protocols     []uint8  `json:"protocols,omitempty"`
 		Generation    uint64   `json:"generation,omitempty"`
+		// AllowSpoofing turns anti-spoofing off for the attachment; it is
+		// on by default (docs/datapath.md).
+		AllowSpoofing bool `json:"allowSpoofing,omitempty"`
 	} `json:"policy,omitempty"`
+	// MAC is the VM's MAC address, which anti-spoofing binds the
+	// attachment's frames to; runtimeConfig.mac (the "mac" capability,
+	// which Multus fills from a network selection's "mac") wins over it.
+	// Unset in both, source MACs are not bound.
+	MAC string `json:"mac,omitempty"`
+	// RuntimeConfig holds what the runtime passes for the capabilities the
+	// network declares: "mac", and "ips" (the attachment's addresses,
+	// which anti-spoofing binds its packets' sources to, with the routes).
+	RuntimeConfig struct {
+		MAC string   `json:"mac,omitempty"`
+		IPs []string `json:"ips,omitempty"`
+	} `json:"runtimeConfig,omitempty"`
 	HostOnlyPorts []string `json:"hostOnlyPorts,omitempty"` // "udp/53", "tcp/22"
 
 	BPFFS      string `json:"bpffs,omitempty"`      // default /sys/fs/bpf
@@ -304,6 +321,34 @@ func (inv *invocation) build() error {
 	for i, p := range c.Policy.Protocols {
 		protocols[i] = datapath.Protocol(p)
 	}
+	// The attachment's addresses: its routes, and the "ips" capability's
+	// addresses, each alone (the capability writes an address with its
+	// subnet's length; the subnet is not the attachment's).
+	addresses := slices.Clone(routes)
+	for _, ip := range c.RuntimeConfig.IPs {
+		p, err := netip.ParsePrefix(ip)
+		if err != nil {
+			a, aerr := netip.ParseAddr(ip)
+			if aerr != nil {
+				errs = append(errs, fmt.Errorf("runtimeConfig.ips %q: want an address or address/length", ip))
+				continue
+			}
+			p = netip.PrefixFrom(a, a.BitLen())
+		}
+		addresses = append(addresses, netip.PrefixFrom(p.Addr(), p.Addr().BitLen()))
+	}
+	var mac net.HardwareAddr
+	for _, m := range []struct{ name, s string }{{"mac", c.MAC}, {"runtimeConfig.mac", c.RuntimeConfig.MAC}} {
+		if m.s == "" {
+			continue
+		}
+		hw, err := net.ParseMAC(m.s)
+		if err != nil || len(hw) != 6 || hw[0]&1 != 0 {
+			errs = append(errs, fmt.Errorf("%s %q: want a unicast Ethernet address", m.name, m.s))
+			continue
+		}
+		mac = hw
+	}
 	var ports []attachreg.ProtoPort
 	for _, p := range c.HostOnlyPorts {
 		hp, err := attachreg.ParseProtoPort(p)
@@ -319,7 +364,11 @@ func (inv *invocation) build() error {
 	inv.tap = tap.Config{Identity: inv.identity, Owner: inv.containerID, SingleQueue: !c.MultiQueue, UID: c.UID, GID: c.GID,
 		MTU: c.MTU, Master: master, Table: c.Table, Routes: routes}
 	inv.reg = attachreg.Registration{Identity: inv.identity, Table: c.Table, Egress: datapath.EgressTap,
-		Policy:  datapath.Policy{Generation: c.Policy.Generation, DefaultAction: action, Ethertypes: c.Policy.Ethertypes, Protocols: protocols},
-		Gateway: gw, HostOnlyPorts: ports}
+		Policy: datapath.Policy{Generation: c.Policy.Generation, DefaultAction: action, Ethertypes: c.Policy.Ethertypes,
+			Protocols: protocols, AllowSpoofing: c.Policy.AllowSpoofing},
+		Gateway: gw, HostOnlyPorts: ports, MAC: mac, Addresses: addresses}
+	if err := inv.reg.Validate(); err != nil {
+		return err
+	}
 	return nil
 }

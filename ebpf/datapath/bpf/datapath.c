@@ -37,6 +37,8 @@
 #define FRAGMENTS_PER_INTERFACE 256
 // Host-only ports of one interface, held in its rules.
 #define MAX_HOST_PORTS 16
+// Address prefixes of the attachment, per family, held in its rules.
+#define MAX_PREFIXES 4
 // Route answers kept per CPU, and for how long (jiffies: 64 ms at HZ=1000,
 // 256 ms at HZ=250). The kernel's route lookup costs more than the rest of
 // the program; a tenant's frames mostly go to few destinations.
@@ -44,7 +46,13 @@
 #define ROUTE_CACHE_JIFFIES 64
 
 enum action { ACTION_ALLOW = 0, ACTION_DENY = 1 };
-enum decision { DECISION_ALLOW = 0, DECISION_DENY = 1, DECISION_HOST_ONLY = 2, DECISION_MALFORMED = 3 };
+enum decision {
+	DECISION_ALLOW = 0,
+	DECISION_DENY = 1,
+	DECISION_HOST_ONLY = 2,
+	DECISION_MALFORMED = 3,
+	DECISION_SPOOFED = 4, // dropped by anti-spoofing
+};
 enum reason {
 	REASON_POLICY_UNAVAILABLE = 0,
 	REASON_IDENTITY_UNAVAILABLE = 1,
@@ -92,8 +100,23 @@ struct host_port {
 	__u8 _pad;
 };
 
+// An address prefix of the attachment: the address in network byte order
+// and its length. IPv4 uses the first 4 bytes.
+struct prefix4 {
+	__u8 addr[4];
+	__u8 len;
+	__u8 _pad[3];
+};
+
+struct prefix6 {
+	__u8 addr[16];
+	__u8 len;
+	__u8 _pad[3];
+};
+
 // rules is everything the program judges an interface's frames by: one
-// registration's policy, gateway, host-only ports and identity, read whole.
+// registration's policy, gateway, host-only ports, the attachment's MAC and
+// addresses, and its identity, read whole.
 struct rules {
 	__u32 ifindex; // whose rules these are; 0 while they are being removed
 	__u16 attachment;
@@ -111,6 +134,11 @@ struct rules {
 	__u8 gateway_ipv6[16]; // all zero: none
 	__u8 _pad2[4];
 	struct host_port ports[MAX_HOST_PORTS];
+	__u8 mac[6]; // the attachment's; all zero: not known
+	__u8 n_prefixes4;
+	__u8 n_prefixes6;
+	struct prefix4 prefixes4[MAX_PREFIXES];
+	struct prefix6 prefixes6[MAX_PREFIXES];
 };
 
 // tap_rules is the tap_rules value: the rules and the lock that makes a
@@ -548,44 +576,104 @@ static __always_inline int to_host(struct __sk_buff *skb, __u32 ifindex, const s
 	return routed_to_host(skb, ifindex, p);
 }
 
-// spoofed says whether an IP packet claims to come from somewhere a tenant
-// cannot: a multicast or broadcast source, the gateway's address, or a
-// router's or DHCP server's message (router advertisement, redirect, DHCP
-// replies). The attachment's own addresses are not known here; see
-// docs/datapath.md.
+// in_prefix says whether the first 4*words bytes of a fall in the prefix
+// (net, len).
+static __always_inline int in_prefix(const __u8 *a, const __u8 *net, __u8 len, int words)
+{
+#pragma unroll
+	for (int i = 0; i < 4; i++) {
+		if (i >= words)
+			break;
+		int n = (int)len - 32 * i;
+		__u32 mask = n >= 32 ? 0xffffffff : n <= 0 ? 0 : bpf_htonl(0xffffffffu << (32 - n));
+		if ((word(a + 4 * i) ^ word(net + 4 * i)) & mask)
+			return 0;
+	}
+	return 1;
+}
+
+// own4 and own6 say whether a is an address of the attachment: in one of
+// its prefixes.
+static __always_inline int own4(const struct rules *r, const __u8 *a)
+{
+#pragma unroll
+	for (int i = 0; i < MAX_PREFIXES; i++)
+		if (i < r->n_prefixes4 && in_prefix(a, r->prefixes4[i].addr, r->prefixes4[i].len, 1))
+			return 1;
+	return 0;
+}
+
+static __always_inline int own6(const struct rules *r, const __u8 *a)
+{
+#pragma unroll
+	for (int i = 0; i < MAX_PREFIXES; i++)
+		if (i < r->n_prefixes6 && in_prefix(a, r->prefixes6[i].addr, r->prefixes6[i].len, 4))
+			return 1;
+	return 0;
+}
+
+static __always_inline int link_local6(const __u8 *a)
+{
+	return a[0] == 0xfe && (a[1] & 0xc0) == 0x80;
+}
+
+// spoofed says whether an IP packet claims to come from somewhere its
+// attachment cannot: a source address that is not the attachment's (IPv6
+// link-local sources are the VM's own choice and pass; the unspecified
+// address passes only where a host without an address sends it: DHCP
+// discovery, duplicate address detection, MLD), the gateway's address, or
+// a router's or DHCP server's message (router advertisement, redirect, any
+// UDP to a DHCP client's port, a neighbor advertisement for an address that
+// is not the attachment's).
 static __always_inline int spoofed(struct __sk_buff *skb, const struct packet *p, const struct rules *r)
 {
+	int unspecified;
 	if (p->is6) {
-		if (p->src[0] == 0xff || (!zero16(r->gateway_ipv6) && equal16(r->gateway_ipv6, p->src)))
+		unspecified = zero16(p->src);
+		if (!unspecified && !link_local6(p->src) && !own6(r, p->src))
+			return 1;
+		if (!zero16(r->gateway_ipv6) && equal16(r->gateway_ipv6, p->src))
 			return 1;
 	} else {
+		unspecified = word(p->src) == 0;
+		if (!unspecified && !own4(r, p->src))
+			return 1;
 		if ((p->src[0] & 0xf0) == 0xe0 || word(p->src) == 0xffffffff ||
 		    (word(r->gateway_ipv4) && equal4(r->gateway_ipv4, p->src)))
 			return 1;
 	}
 	if (p->fragment == 2)
-		return 0; // no upper-layer header; the first fragment was checked
+		return unspecified; // no upper-layer header; the first fragment was checked
 	switch (p->l4proto) {
 	case IPPROTO_UDP:
-		return (p->sport == 67 && p->dport == 68) || (p->sport == 547 && p->dport == 546);
+		if (p->dport == (p->is6 ? 546 : 68)) // to a DHCP client: a server's message
+			return 1;
+		return unspecified && (p->is6 || p->sport != 68 || p->dport != 67);
 	case IPPROTO_ICMP:
-		return !p->is6 && (p->icmp_type == 5 || p->icmp_type == 9); // redirect, router advertisement
+		return unspecified || p->icmp_type == 5 || p->icmp_type == 9; // redirect, router advertisement
 	case IPPROTO_ICMPV6:
+		if (unspecified) // duplicate address detection; MLD reports and done
+			return p->icmp_type != 135 && p->icmp_type != 131 && p->icmp_type != 132 && p->icmp_type != 143;
 		if (p->icmp_type == 134 || p->icmp_type == 137) // router advertisement, redirect
 			return 1;
-		if (p->icmp_type == 136 && !zero16(r->gateway_ipv6)) { // advertisement claiming the gateway
+		if (p->icmp_type == 136) { // an advertisement for an address that is not the attachment's
 			__u8 target[16];
-			return p->l4off + 24 <= p->end && load(skb, p->l4off + 8, target, 16) == 0 &&
-			       equal16(target, r->gateway_ipv6);
+			if (p->l4off + 24 > p->end || load(skb, p->l4off + 8, target, 16) < 0)
+				return 1;
+			if (!zero16(r->gateway_ipv6) && equal16(target, r->gateway_ipv6))
+				return 1;
+			return !link_local6(target) && !own6(r, target);
 		}
+		return 0;
 	}
-	return 0;
+	return unspecified;
 }
 
 // decide_arp: ARP is how a VM finds its gateway, so it goes to the host
 // whatever the default action (the ethertype list still applies), unless it
 // is malformed or spoofed: a sender hardware address that is not the
-// frame's source, or a sender claiming the gateway's address.
+// frame's source, or a sender IP address that is not the attachment's (0,
+// an ARP probe's, passes) or is the gateway's.
 static __always_inline __u8 decide_arp(struct __sk_buff *skb, const struct rules *r, int check_spoofing)
 {
 	struct arp {
@@ -603,9 +691,11 @@ static __always_inline __u8 decide_arp(struct __sk_buff *skb, const struct rules
 		return DECISION_MALFORMED;
 	if (check_spoofing) {
 		if (word(a.sha) != word(a.src) || a.sha[4] != a.src[4] || a.sha[5] != a.src[5])
-			return DECISION_DENY;
+			return DECISION_SPOOFED;
+		if (word(a.spa) && !own4(r, a.spa))
+			return DECISION_SPOOFED;
 		if (word(r->gateway_ipv4) && equal4(r->gateway_ipv4, a.spa))
-			return DECISION_DENY;
+			return DECISION_SPOOFED;
 	}
 	return DECISION_HOST_ONLY;
 }
@@ -682,7 +772,12 @@ static __always_inline __u8 decide(struct __sk_buff *skb, __u32 ifindex, const s
 		if (load(skb, 0, &eth, sizeof(eth)) < 0)
 			return DECISION_MALFORMED;
 		if (eth.h_source[0] & 1) // a group address is no frame's source
-			return DECISION_DENY;
+			return DECISION_SPOOFED;
+		__u32 mac_hi = word(pol->mac);
+		__u16 mac_lo = (__u16)pol->mac[4] << 8 | pol->mac[5];
+		__u16 src_lo = (__u16)eth.h_source[4] << 8 | eth.h_source[5];
+		if ((mac_hi || mac_lo) && (word(eth.h_source) != mac_hi || src_lo != mac_lo))
+			return DECISION_SPOOFED;
 	}
 	if (proto == ETH_P_ARP)
 		return decide_arp(skb, pol, check_spoofing);
@@ -699,6 +794,8 @@ static __always_inline __u8 decide(struct __sk_buff *skb, __u32 ifindex, const s
 	}
 
 	if (p.fragment == 2) {
+		if (check_spoofing && spoofed(skb, &p, pol))
+			return DECISION_SPOOFED;
 		// No upper-layer header here: the fragment gets the decision on
 		// its datagram's first fragment, or is denied when none was seen.
 		// The last fragment takes the datagram's state with it.
@@ -719,7 +816,7 @@ static __always_inline __u8 decide(struct __sk_buff *skb, __u32 ifindex, const s
 	if (parse_l4(skb, &p) < 0)
 		d = DECISION_MALFORMED;
 	else if (check_spoofing && spoofed(skb, &p, pol))
-		d = DECISION_DENY;
+		d = DECISION_SPOOFED;
 	else
 		d = judge_ip(skb, ifindex, pol, &p);
 	if (p.fragment == 1) {
