@@ -16,9 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/datum-cloud/galactic-node/ebpf/datapath"
-	"github.com/datum-cloud/galactic-node/internal/nettest"
 	"github.com/datum-cloud/galactic-node/node/routewatch"
-	"github.com/datum-cloud/galactic-node/node/tun"
 )
 
 // raceFrames is how many frames each of the two policy races writes, and
@@ -34,18 +32,7 @@ const raceFrames = 3_000_000
 func (s *tapScene) addTap(t testing.TB, id tenant) (uint32, int) {
 	t.Helper()
 	name := id.TapName()
-	nettest.NewTap(t, s.ns, name, tun.Mode{})
-	q, err := tun.Open(s.ns.File, name, tun.Mode{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	fd, err := unix.Dup(int(q.Fd()))
-	q.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { unix.Close(fd) })
-	s.ns.IP(t, "link", "set", name, "master", bridge, "up")
+	fd := newVMMTap(t, s.ns, name)
 	l, err := s.ns.Dial(t).GetByName(context.Background(), name)
 	if err != nil {
 		t.Fatal(err)

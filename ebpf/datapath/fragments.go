@@ -91,12 +91,5 @@ func (f *FragmentTables) Dump(limit int) ([]Row[uint32, ebpf.MapID], error) {
 // DumpAny is Dump with untyped rows.
 func (f *FragmentTables) DumpAny(limit int) ([]Row[any, any], error) {
 	rows, err := f.Dump(limit)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]Row[any, any], len(rows))
-	for i, r := range rows {
-		out[i] = Row[any, any]{Key: r.Key, Value: r.Value}
-	}
-	return out, nil
+	return untyped(rows), err
 }

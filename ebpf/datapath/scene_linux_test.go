@@ -112,21 +112,7 @@ func newTapScene(t testing.TB, id tenant) *tapScene {
 	ns.IP(t, "-6", "route", "add", "default", "via", "fd00::fe", "dev", bridge)
 
 	name := id.TapName()
-	nettest.NewTap(t, ns, name, tun.Mode{})
-	q, err := tun.Open(ns.File, name, tun.Mode{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	fd, err := unix.Dup(int(q.Fd()))
-	q.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { unix.Close(fd) })
-	if err := unix.SetNonblock(fd, true); err != nil {
-		t.Fatal(err)
-	}
-	ns.IP(t, "link", "set", name, "master", bridge, "up")
+	fd := newVMMTap(t, ns, name)
 	c := ns.Dial(t)
 	l, err := c.GetByName(context.Background(), name)
 	if err != nil {
@@ -143,6 +129,28 @@ func newTapScene(t testing.TB, id tenant) *tapScene {
 	t.Cleanup(func() { dp.Close() })
 	return &tapScene{ns: ns, dp: dp, reg: attachreg.New(dp, ns.File, nil), id: id, name: name,
 		ifindex: l.Index, brIndex: int(br.Index), q: fd, pkt: -1, socks: map[string]*net.UDPConn{}}
+}
+
+// newVMMTap makes the tap name, a port of the scene's bridge, and returns
+// its VMM's queue, non-blocking.
+func newVMMTap(t testing.TB, ns *nettest.NS, name string) int {
+	t.Helper()
+	nettest.NewTap(t, ns, name, tun.Mode{})
+	q, err := tun.Open(ns.File, name, tun.Mode{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fd, err := unix.Dup(int(q.Fd()))
+	q.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	if err := unix.SetNonblock(fd, true); err != nil {
+		t.Fatal(err)
+	}
+	ns.IP(t, "link", "set", name, "master", bridge, "up")
+	return fd
 }
 
 // registration is what CNI ADD would register for the scene's tap under

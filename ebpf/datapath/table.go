@@ -205,14 +205,16 @@ func (t *Table[K, V]) Layout() Layout {
 // DumpAny is Dump with untyped rows, for views that serve any map by name.
 func (t *Table[K, V]) DumpAny(limit int) ([]Row[any, any], error) {
 	rows, err := t.Dump(limit)
-	if err != nil {
-		return nil, err
-	}
+	return untyped(rows), err
+}
+
+// untyped returns rows with their types erased, for views.
+func untyped[K, V any](rows []Row[K, V]) []Row[any, any] {
 	out := make([]Row[any, any], len(rows))
 	for i, r := range rows {
 		out[i] = Row[any, any]{Key: r.Key, Value: r.Value}
 	}
-	return out, nil
+	return out
 }
 
 // AnyTable is what every Table offers without its types.
