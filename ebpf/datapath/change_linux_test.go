@@ -9,9 +9,11 @@ import (
 	"context"
 	"fmt"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -297,11 +299,11 @@ func TestAddressChangesReachTheDatapathOnceTheWatcherReadsThem(t *testing.T) {
 	})
 	const moved4, moved6 = "10.201.0.1", "fd00:201::1"
 	for _, fam := range []struct {
-		name, addr string
-		frame      func(port uint16) []byte
+		name, addr, flag string
+		frame            func(port uint16) []byte
 	}{
-		{"ipv4", moved4 + "/32", func(port uint16) []byte { return udp4(brMAC, vm4, moved4, 40000, port, ipv4Opts{})(nil)[0] }},
-		{"ipv6", moved6 + "/128", func(port uint16) []byte { return udp6(brMAC, vm6, moved6, nil, 40000, port)(nil)[0] }},
+		{"ipv4", moved4 + "/32", "-4", func(port uint16) []byte { return udp4(brMAC, vm4, moved4, 40000, port, ipv4Opts{})(nil)[0] }},
+		{"ipv6", moved6 + "/128", "-6", func(port uint16) []byte { return udp6(brMAC, vm6, moved6, nil, 40000, port)(nil)[0] }},
 	} {
 		t.Run(fam.name, func(t *testing.T) {
 			judge := func(port uint16) map[string]uint64 {
@@ -309,8 +311,23 @@ func TestAddressChangesReachTheDatapathOnceTheWatcherReadsThem(t *testing.T) {
 				s.write(t, fam.frame(port))
 				return s.counts(t).since(before)
 			}
-			change := func(args ...string) {
-				s.ns.IP(t, append(append([]string{"addr"}, args...), fam.addr, "dev", bridge, "nodad")...)
+			// change adds or removes the address, waits until the kernel
+			// has made the change (an IPv6 address becomes local only when
+			// its configuration completes, in a workqueue, after the
+			// request returned: that is when its route event comes), and
+			// then until the watcher has read every event up to it.
+			change := func(verb string) {
+				s.ns.IP(t, "addr", verb, fam.addr, "dev", bridge, "nodad")
+				addr, _, _ := strings.Cut(fam.addr, "/")
+				for start := time.Now(); ; time.Sleep(time.Millisecond) {
+					local := strings.Contains(s.ns.IP(t, fam.flag, "route", "show", "table", "local", addr), addr)
+					if local == (verb == "add") {
+						break
+					}
+					if time.Since(start) > 10*time.Second {
+						t.Fatalf("%s %s: the local route did not follow", verb, fam.addr)
+					}
+				}
 				if err := w.Sync(context.Background()); err != nil {
 					t.Fatal(err)
 				}
