@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"os/exec"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
 
 	"github.com/datum-cloud/galactic-node/ebpf/datapath"
 	"github.com/datum-cloud/galactic-node/node/netns"
@@ -253,6 +255,17 @@ func BenchmarkTapIngress(b *testing.B) {
 			b.ReportMetric(median(ratios), "x-of-before")
 		})
 		b.Run("tap/"+name, func(b *testing.B) {
+			// One CPU, as a VM's vCPU thread mostly is: the program's
+			// route answers are cached per CPU, and a writer moved
+			// between CPUs at the scheduler's whim would measure the
+			// scheduler.
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			var cpu unix.CPUSet
+			cpu.Set(0)
+			if err := unix.SchedSetaffinity(0, &cpu); err != nil {
+				b.Fatal(err)
+			}
 			const writes = 1024
 			modes := []string{"none", "before", "after", "nft"}
 			cost := map[string][]float64{}
