@@ -34,7 +34,7 @@ func (f *FragmentTables) Ensure(ifindex uint32) error {
 	if ifindex == 0 {
 		return fmt.Errorf("put %s: ifindex 0: %w", f.Name(), ErrInvalidRow)
 	}
-	if _, err := f.ID(ifindex); err == nil {
+	if _, err := f.Get(ifindex); err == nil {
 		return nil
 	}
 	if f.inner == nil {
@@ -54,9 +54,9 @@ func (f *FragmentTables) Ensure(ifindex uint32) error {
 	return nil
 }
 
-// ID returns the kernel's ID of ifindex's table; a missing one is
+// Get returns the kernel's ID of ifindex's table; a missing one is
 // ebpf.ErrKeyNotExist.
-func (f *FragmentTables) ID(ifindex uint32) (ebpf.MapID, error) {
+func (f *FragmentTables) Get(ifindex uint32) (ebpf.MapID, error) {
 	var id uint32
 	if err := f.m.Lookup(ifindex, &id); err != nil {
 		return 0, fmt.Errorf("get %s: %w", f.Name(), err)

@@ -114,43 +114,18 @@ type perInterfaceMap struct {
 
 func (r *Registry) perInterfaceMaps() []perInterfaceMap {
 	d := r.dp
+	// A zeroed row first: the program may still read the element (RemoveRules).
+	rules := keyed(d.TapRules)
+	rules.delete = func(ifindex uint32) error {
+		if err := d.RemoveRules(ifindex); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return err
+		}
+		return nil
+	}
 	return []perInterfaceMap{
 		keyed(d.IfindexVRF),
-		{
-			name:  d.TapRules.Name(),
-			rows:  keyed(d.TapRules).rows,
-			count: keyed(d.TapRules).count,
-			delete: func(ifindex uint32) error {
-				if err := d.RemoveRules(ifindex); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-					return err
-				}
-				return nil
-			},
-		},
-		{
-			name: d.TapFragments.Name(),
-			rows: func(ifindex uint32) (any, bool, error) {
-				id, err := d.TapFragments.ID(ifindex)
-				if errors.Is(err, ebpf.ErrKeyNotExist) {
-					return nil, false, nil
-				}
-				return id, err == nil, err
-			},
-			delete: func(ifindex uint32) error {
-				if err := d.TapFragments.Delete(ifindex); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-					return err
-				}
-				return nil
-			},
-			count: func() (map[uint32]int, error) {
-				rows, err := d.TapFragments.Dump(0)
-				out := make(map[uint32]int, len(rows))
-				for _, row := range rows {
-					out[row.Key]++
-				}
-				return out, err
-			},
-		},
+		rules,
+		keyed(d.TapFragments),
 		keyed(d.TrafficPolicy),
 		keyed(d.EgressKind),
 		keyed(d.TenantGateway),
@@ -185,8 +160,17 @@ func (r *Registry) perInterfaceMaps() []perInterfaceMap {
 	}
 }
 
+// ifindexKeyed is a map whose key is the ifindex itself: a datapath.Table,
+// or the table of tables datapath.FragmentTables.
+type ifindexKeyed[V any] interface {
+	Name() string
+	Get(ifindex uint32) (V, error)
+	Delete(ifindex uint32) error
+	Dump(limit int) ([]datapath.Row[uint32, V], error)
+}
+
 // keyed describes a map whose key is the ifindex itself.
-func keyed[V any](t *datapath.Table[uint32, V]) perInterfaceMap {
+func keyed[V any](t ifindexKeyed[V]) perInterfaceMap {
 	return perInterfaceMap{
 		name: t.Name(),
 		rows: func(ifindex uint32) (any, bool, error) {

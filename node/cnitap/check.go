@@ -128,29 +128,25 @@ func checkRows(e *env, ifindex uint32, inv *invocation, fail func(string, ...any
 }
 
 func samePolicy(a, b datapath.Policy) bool {
-	norm := func(p datapath.Policy) datapath.Policy {
-		if len(p.Ethertypes) == 0 {
-			p.Ethertypes = nil
-		}
-		if len(p.Protocols) == 0 {
-			p.Protocols = nil
-		}
-		return p
+	return reflect.DeepEqual(normPolicy(a), normPolicy(b))
+}
+
+// normPolicy makes empty lists nil, as a row read back has them.
+func normPolicy(p datapath.Policy) datapath.Policy {
+	if len(p.Ethertypes) == 0 {
+		p.Ethertypes = nil
 	}
-	return reflect.DeepEqual(norm(a), norm(b))
+	if len(p.Protocols) == 0 {
+		p.Protocols = nil
+	}
+	return p
 }
 
 // sameRules compares rules as the program reads them: lists in order
 // (prefixes by family, as the row holds them), empty and nil alike.
 func sameRules(a, b datapath.Rules) bool {
 	norm := func(r datapath.Rules) datapath.Rules {
-		r.Policy.Generation = 0
-		if len(r.Policy.Ethertypes) == 0 {
-			r.Policy.Ethertypes = nil
-		}
-		if len(r.Policy.Protocols) == 0 {
-			r.Policy.Protocols = nil
-		}
+		r.Policy = normPolicy(r.Policy)
 		if len(r.HostPorts) == 0 {
 			r.HostPorts = nil
 		}
@@ -168,7 +164,7 @@ func sameRules(a, b datapath.Rules) bool {
 		r.Prefixes = slices.Concat(v4, v6)
 		return r
 	}
-	return samePolicy(a.Policy, b.Policy) && reflect.DeepEqual(norm(a), norm(b))
+	return reflect.DeepEqual(norm(a), norm(b))
 }
 
 func sameSet[T comparable](a, b []T) bool {
