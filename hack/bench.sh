@@ -19,7 +19,7 @@ run ./node/link 'Dump1000Taps$' 10x
 run ./node/tun/holder 'ProbeWindow' 200x
 run ./ebpf/datapath 'Dump16384Rows' 10x
 run ./ebpf/datapath 'TapIngress' 200x
-run ./node/routewatch 'RouteChangeToEpoch' 2000x
+run ./node/routewatch 'RouteChangeToHostView' 2000x
 run ./node/attachreg 'OrphanScan16384Rows' 10x
 run ./node/reclaim 'PassWithNoRemovals' 5x
 run ./node/reclaim 'Remove1000ConfirmedTaps' 2x

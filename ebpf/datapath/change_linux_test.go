@@ -29,6 +29,31 @@ import (
 // on the test machine, which make test runs beside everything else.
 const raceFrames = 3_000_000
 
+// watchRoutes runs the node daemon's route watcher in the scene's
+// namespace until the test ends, and returns once it has published the
+// host view.
+func (s *tapScene) watchRoutes(t testing.TB) *routewatch.Watcher {
+	t.Helper()
+	w, err := routewatch.Dial(s.ns.File, s.dp, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	runErr := make(chan error, 1)
+	go func() { runErr <- w.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-runErr; err != nil {
+			t.Errorf("watcher: %v", err)
+		}
+		_ = w.Close()
+	})
+	if err := w.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
 // addTap adds another tenant's tap to the scene's bridge, in the same
 // namespace and maps, and returns its ifindex and its VMM's queue.
 func (s *tapScene) addTap(t testing.TB, id tenant) (uint32, int) {
@@ -283,20 +308,7 @@ func TestOneTapCannotEvictAnothersFragments(t *testing.T) {
 // without the watcher keeps the old answer for 64 jiffies.
 func TestAddressChangesReachTheDatapathOnceTheWatcherReadsThem(t *testing.T) {
 	s := newTapScene(t, tenant{VPC: 62, Attachment: 76})
-	w, err := routewatch.Dial(s.ns.File, s.dp, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	runErr := make(chan error, 1)
-	go func() { runErr <- w.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-runErr; err != nil {
-			t.Errorf("watcher: %v", err)
-		}
-		_ = w.Close()
-	})
+	w := s.watchRoutes(t)
 	const moved4, moved6 = "10.201.0.1", "fd00:201::1"
 	for _, fam := range []struct {
 		name, addr, flag string

@@ -30,6 +30,9 @@ type Datapath struct {
 	// routeEpoch is the pinned route_epoch the program instances share;
 	// nil when only the maps of rows were opened (OpenPinned).
 	routeEpoch *ebpf.Map
+	// hostFilter is the host filter as PublishHostView last wrote it; nil:
+	// unknown, so the next write covers every word.
+	hostFilter []datapathHostBlock
 
 	IfindexVRF *Table[uint32, VRFBinding]
 	// TapRules is what the program judges frames by. Remove its rows with

@@ -27,12 +27,24 @@ type datapathGateway struct {
 	Ipv6 [16]uint8
 }
 
+type datapathHostBlock struct {
+	_    structs.HostLayout
+	Bits [8]uint64
+}
+
 type datapathHostPortKey struct {
 	_        structs.HostLayout
 	Ifindex  uint32
 	Port     uint16
 	Protocol uint8
 	Pad      uint8
+}
+
+type datapathHostView struct {
+	_          structs.HostLayout
+	ValidUntil uint64
+	Flags      uint32
+	Pad        uint32
 }
 
 type datapathRouteAnswer struct {
@@ -122,7 +134,9 @@ type datapathVrfBinding struct {
 const (
 	datapathMapDecisions     = "decisions"
 	datapathMapEgressKind    = "egress_kind"
+	datapathMapHostFilter    = "host_filter"
 	datapathMapHostOnlyPort  = "host_only_port"
+	datapathMapHostView      = "host_view"
 	datapathMapIfindexVrf    = "ifindex_vrf"
 	datapathMapRouteCache    = "route_cache"
 	datapathMapRouteEpoch    = "route_epoch"
@@ -186,7 +200,9 @@ type datapathProgramSpecs struct {
 type datapathMapSpecs struct {
 	Decisions     *ebpf.MapSpec `ebpf:"decisions"`
 	EgressKind    *ebpf.MapSpec `ebpf:"egress_kind"`
+	HostFilter    *ebpf.MapSpec `ebpf:"host_filter"`
 	HostOnlyPort  *ebpf.MapSpec `ebpf:"host_only_port"`
+	HostView      *ebpf.MapSpec `ebpf:"host_view"`
 	IfindexVrf    *ebpf.MapSpec `ebpf:"ifindex_vrf"`
 	RouteCache    *ebpf.MapSpec `ebpf:"route_cache"`
 	RouteEpoch    *ebpf.MapSpec `ebpf:"route_epoch"`
@@ -226,7 +242,9 @@ func (o *datapathObjects) Close() error {
 type datapathMaps struct {
 	Decisions     *ebpf.Map `ebpf:"decisions"`
 	EgressKind    *ebpf.Map `ebpf:"egress_kind"`
+	HostFilter    *ebpf.Map `ebpf:"host_filter"`
 	HostOnlyPort  *ebpf.Map `ebpf:"host_only_port"`
+	HostView      *ebpf.Map `ebpf:"host_view"`
 	IfindexVrf    *ebpf.Map `ebpf:"ifindex_vrf"`
 	RouteCache    *ebpf.Map `ebpf:"route_cache"`
 	RouteEpoch    *ebpf.Map `ebpf:"route_epoch"`
@@ -242,7 +260,9 @@ func (m *datapathMaps) Close() error {
 	return _DatapathClose(
 		m.Decisions,
 		m.EgressKind,
+		m.HostFilter,
 		m.HostOnlyPort,
+		m.HostView,
 		m.IfindexVrf,
 		m.RouteCache,
 		m.RouteEpoch,

@@ -200,6 +200,8 @@ func skbContext(ifindex uint32) []byte {
 func BenchmarkTapIngress(b *testing.B) {
 	s := newBenchScene(b)
 	s.listen(b)
+	// As on a node: the daemon's route watcher publishes the host view.
+	s.watchRoutes(b)
 	for _, mode := range []string{"after", "nft"} {
 		var l link.Link
 		if mode == "nft" {

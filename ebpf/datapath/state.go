@@ -10,9 +10,10 @@ import (
 )
 
 // StateSubdir is the folder under the pin folder that holds the program's
-// state maps: the per-CPU cache of route answers and the epoch they are
-// checked against. Every CNI ADD loads its own instance of the program, so maps
-// that were not pinned would be created once per tap; pinned, every
+// state maps: the per-CPU cache of route answers, the epoch they are
+// checked against, and the node daemon's view of the host's addresses.
+// Every CNI ADD loads its own instance of the program, so maps that were
+// not pinned would be created once per tap; pinned, every
 // instance shares one. They hold no rows of any interface (a folder, so that
 // walks of the pin folder's per-interface maps skip them) and nothing that
 // cannot be lost: a state map whose layout differs from this build's is
@@ -20,7 +21,7 @@ import (
 const StateSubdir = "state"
 
 // stateMapNames are the maps of the program that hold state, not rows.
-var stateMapNames = []string{"route_cache", "route_epoch"}
+var stateMapNames = []string{"route_cache", "route_epoch", "host_filter", "host_view"}
 
 // stateMaps opens the state maps pinned in dir, creating and pinning those
 // missing or of another layout.

@@ -46,7 +46,7 @@ func TestLoadsShareTheStateMapsAndReplaceThoseOfAnotherLayout(t *testing.T) {
 	}
 	load(t, bpffs)
 	ids := map[string]ebpf.MapID{}
-	for _, name := range []string{"route_cache", "route_epoch"} {
+	for _, name := range []string{"route_cache", "route_epoch", "host_filter", "host_view"} {
 		ids[name] = mapID(t, filepath.Join(dir, name))
 	}
 	if info, _ := old.Info(); info != nil {

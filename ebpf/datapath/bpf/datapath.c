@@ -44,6 +44,9 @@
 // the program; a tenant's frames mostly go to few destinations.
 #define ROUTE_CACHE_SLOTS 4096
 #define ROUTE_CACHE_JIFFIES 64
+// Blocks of the host filter (host_filter), of 512 bits (a cache line) each.
+#define HOST_FILTER_BLOCKS 512
+#define HOST_BLOCK_BITS 512
 
 enum action { ACTION_ALLOW = 0, ACTION_DENY = 1 };
 enum decision {
@@ -60,6 +63,9 @@ enum reason {
 	REASON_MAX = 4,
 };
 enum egress { EGRESS_TAP = 1, EGRESS_VETH = 2 };
+
+// host_view.flags
+#define HOST_VIEW_PARTIAL 0x1 // the filter cannot cover every host prefix: ask the route lookup
 
 // traffic_policy.flags and tap_rules.flags
 #define POLICY_SPOOFING_ALLOWED 0x1 // anti-spoofing off (it is on by default)
@@ -298,6 +304,43 @@ struct {
 	__type(value, __u64);
 } route_epoch SEC(".maps");
 
+// The node daemon's view of the addresses the host receives packets to, in
+// every routing table of the namespace: a blocked Bloom filter over the
+// prefixes of its local, broadcast and anycast routes. A destination whose
+// bits are clear is the host's in no table, so the kernel forwards it or
+// drops it, never delivers it; one whose bits are set may be, and the route
+// lookup says. The filter stays small enough to stay in the CPU's cache when
+// a tenant sprays destinations, which per-destination answers do not, and a
+// destination's bits lie in one block: that of its /16 (IPv4) or /64
+// (IPv6). Its bits: one of its address (a host address), one of that /16 or
+// /64 (a host prefix of it, or covering it).
+struct host_block {
+	__u64 bits[HOST_BLOCK_BITS / 64];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, HOST_FILTER_BLOCKS);
+	__type(key, __u32);
+	__type(value, struct host_block);
+} host_filter SEC(".maps");
+
+// Whether host_filter may be trusted: until valid_until (CLOCK_MONOTONIC_COARSE
+// ns), which the daemon pushes forward while it reads every route event. A
+// daemon that stopped lets it lapse, and the route lookup answers again.
+struct host_view {
+	__u64 valid_until;
+	__u32 flags;
+	__u32 _pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct host_view);
+} host_view SEC(".maps");
+
 static __always_inline void count_unattributed(__u32 reason)
 {
 	__u64 *n = bpf_map_lookup_elem(&unattributed, &reason);
@@ -406,21 +449,34 @@ struct packet {
 	__u8 l4[4];
 };
 
-// parse_ipv4 fills p from the IPv4 header; a header the kernel would refuse
-// or that the frame cannot hold is malformed.
-static __always_inline int parse_ipv4(struct __sk_buff *skb, struct packet *p)
+// The frame's first bytes, read in one call where the frame holds them:
+// the Ethernet header and, for IP, the fixed IP header and the upper layer's
+// first 4 bytes. Each helper call costs about as much as the rest of the
+// header's rules. The pad puts the IP header on a 4-byte boundary.
+struct headers {
+	__u8 _pad[2];
+	struct ethhdr eth;
+	union {
+		struct {
+			struct iphdr ip;
+			__u8 l4[4];
+		} v4;
+		struct {
+			struct ipv6hdr ip6;
+			__u8 l4[4];
+		} v6;
+	};
+};
+
+// parse_ipv4 fills p from the IPv4 header, taken from h when it holds it
+// (ip_read); a header the kernel would refuse or that the frame cannot hold
+// is malformed.
+static __always_inline int parse_ipv4(struct __sk_buff *skb, struct packet *p, const struct headers *h, int ip_read)
 {
-	// The header and, where it has no options, the upper layer's first
-	// bytes in one call: each helper call costs about as much as the rest
-	// of the header's rules.
-	struct {
-		struct iphdr ip;
-		__u8 l4[4];
-	} h;
 	struct iphdr ip;
-	if (load(skb, ETH_HLEN, &h, sizeof(h)) == 0) {
-		ip = h.ip;
-		__builtin_memcpy(p->l4, h.l4, 4);
+	if (ip_read) {
+		ip = h->v4.ip;
+		__builtin_memcpy(p->l4, h->v4.l4, 4);
 		p->l4_read = ip.ihl == 5;
 	} else if (load(skb, ETH_HLEN, &ip, sizeof(ip)) < 0) {
 		return -1;
@@ -448,17 +504,13 @@ static __always_inline int parse_ipv4(struct __sk_buff *skb, struct packet *p)
 // the kernel walks before the upper layer (hop-by-hop, routing, fragment,
 // destination options), in a bounded loop. A chain it cannot finish is
 // malformed: longer than MAX_EXT_HEADERS, or running past the packet.
-static __always_inline int parse_ipv6(struct __sk_buff *skb, struct packet *p)
+static __always_inline int parse_ipv6(struct __sk_buff *skb, struct packet *p, const struct headers *h, int ip_read)
 {
-	struct {
-		struct ipv6hdr ip6;
-		__u8 l4[4];
-	} h;
 	struct ipv6hdr ip6;
 	int l4_read = 0;
-	if (load(skb, ETH_HLEN, &h, sizeof(h)) == 0) {
-		ip6 = h.ip6;
-		__builtin_memcpy(p->l4, h.l4, 4);
+	if (ip_read) {
+		ip6 = h->v6.ip6;
+		__builtin_memcpy(p->l4, h->v6.l4, 4);
 		l4_read = 1;
 	} else if (load(skb, ETH_HLEN, &ip6, sizeof(ip6)) < 0) {
 		return -1;
@@ -535,26 +587,82 @@ static __always_inline __u32 rotl32(__u32 x, int n)
 	return x << n | x >> (32 - n);
 }
 
-// routed_to_host asks the kernel's route lookup for this interface whether
-// it forwards packets to p->dst; everything it does not forward (local and
-// broadcast addresses of the VRF, no route) is for the host. When forwarding
-// is off on the interface the kernel forwards nothing from it, so every
-// packet is for the host; an unanswered lookup fails closed the same way.
-// Answers are cached until the node daemon reports an address or route change
-// (route_epoch), and for ROUTE_CACHE_JIFFIES at most: without the daemon, an
-// address added to the VRF counts as the host's within that time.
-static __always_inline int routed_to_host(struct __sk_buff *skb, __u32 ifindex, const struct packet *p)
+// hash_words mixes a seed and four address words so that every bit of them
+// moves the result (murmur3's finalizer): a plain xor of the words left an
+// index to 8 bits of an IPv4 address, and a tenant spraying 10.9.0.0/20
+// shared 256 slots of the route cache. The daemon computes the same for the
+// host filter (ebpf/datapath's hostFilterBit).
+static __always_inline __u32 hash_words(__u32 seed, __u32 w0, __u32 w1, __u32 w2, __u32 w3)
 {
-	// Every bit of the key moves the slot (murmur3's finalizer): a plain
-	// xor of the words left the slot to 8 bits of an IPv4 address, and a
-	// tenant spraying 10.9.0.0/20 shared 256 slots.
-	__u32 h = ifindex * 0x9e3779b1 ^ word(p->dst) ^ rotl32(word(p->dst + 4), 8) ^ rotl32(word(p->dst + 8), 16) ^
-		  rotl32(word(p->dst + 12), 24);
+	__u32 h = seed * 0x9e3779b1 ^ w0 ^ rotl32(w1, 8) ^ rotl32(w2, 16) ^ rotl32(w3, 24);
 	h ^= h >> 16;
 	h *= 0x85ebca6b;
 	h ^= h >> 13;
 	h *= 0xc2b2ae35;
 	h ^= h >> 16;
+	return h;
+}
+
+// block_bit reads the bit h picks in b. The word is picked by constant
+// offsets: without CAP_PERFMON the verifier refuses a map value pointer
+// moved by a variable that it cannot prove the same on every path.
+static __always_inline int block_bit(const struct host_block *b, __u32 h)
+{
+	__u32 bit = h % HOST_BLOCK_BITS;
+	__u32 i = bit / 64;
+	__u64 w = 0;
+#pragma unroll
+	for (__u32 j = 0; j < HOST_BLOCK_BITS / 64; j++) {
+		__u64 x = b->bits[j];
+		asm volatile("" : "+r"(x)); // keep clang from folding this back into an indexed load
+		if (i == j)
+			w = x;
+	}
+	return (w >> (bit % 64)) & 1;
+}
+
+// maybe_host says whether p->dst may be an address the host receives
+// packets to, by the daemon's view; 1 when the view lapsed.
+static __always_inline int maybe_host(const struct packet *p)
+{
+	__u32 zero = 0;
+	struct host_view *v = bpf_map_lookup_elem(&host_view, &zero);
+	if (!v || v->flags & HOST_VIEW_PARTIAL || bpf_ktime_get_coarse_ns() >= v->valid_until)
+		return 1;
+	__u32 w0 = word(p->dst), w1 = 0, w2 = 0, w3 = 0;
+	__u32 seed = AF_INET, c0 = w0 & bpf_htonl(0xffff0000), c1 = 0;
+	if (p->is6) {
+		w1 = word(p->dst + 4);
+		w2 = word(p->dst + 8);
+		w3 = word(p->dst + 12);
+		seed = AF_INET6;
+		c0 = w0;
+		c1 = w1;
+	}
+	__u32 coarse = hash_words(seed | 0x100, c0, c1, 0, 0);
+	__u32 i = coarse % HOST_FILTER_BLOCKS;
+	struct host_block *b = bpf_map_lookup_elem(&host_filter, &i);
+	if (!b)
+		return 1;
+	return block_bit(b, hash_words(seed, w0, w1, w2, w3)) || block_bit(b, coarse >> 16);
+}
+
+// routed_to_host asks the kernel's route lookup for this interface whether
+// it forwards packets to p->dst; everything it does not forward (local and
+// broadcast addresses of the VRF, no route) is for the host. When forwarding
+// is off on the interface the kernel forwards nothing from it, so every
+// packet is for the host; an unanswered lookup fails closed the same way.
+// A destination outside the daemon's view of the host's addresses
+// (maybe_host) is forwarded without a lookup: per-destination answers cost a
+// cache miss each when a tenant sprays destinations. The lookup's answers
+// are cached until the node daemon reports an address or route change
+// (route_epoch), and for ROUTE_CACHE_JIFFIES at most: without the daemon, an
+// address added to the VRF counts as the host's within that time.
+static __always_inline int routed_to_host(struct __sk_buff *skb, __u32 ifindex, const struct packet *p)
+{
+	if (!maybe_host(p))
+		return 0;
+	__u32 h = hash_words(ifindex, word(p->dst), word(p->dst + 4), word(p->dst + 8), word(p->dst + 12));
 	__u32 slot = h & (ROUTE_CACHE_SLOTS - 1);
 	__u8 family = p->is6 ? AF_INET6 : AF_INET;
 	__u64 now = bpf_jiffies64();
@@ -807,17 +915,23 @@ static __always_inline __u8 decide(struct __sk_buff *skb, __u32 ifindex, const s
 		return DECISION_DENY;
 	if (pol->n_ethertypes && !listed16(pol->ethertypes, pol->n_ethertypes, proto))
 		return DECISION_DENY;
+	struct headers h = {}; // zeroed: the verifier, unprivileged, refuses reads of stack never written
+	int ip_read = 0;
+	if (proto == ETH_P_IP && load(skb, 0, &h.eth, ETH_HLEN + sizeof(h.v4)) == 0)
+		ip_read = 1;
+	else if (proto == ETH_P_IPV6 && load(skb, 0, &h.eth, ETH_HLEN + sizeof(h.v6)) == 0)
+		ip_read = 1;
+	else if (load(skb, 0, &h.eth, ETH_HLEN) < 0)
+		return DECISION_MALFORMED;
 	int check_spoofing = !(pol->flags & POLICY_SPOOFING_ALLOWED);
 	if (check_spoofing) {
-		struct ethhdr eth;
-		if (load(skb, 0, &eth, sizeof(eth)) < 0)
-			return DECISION_MALFORMED;
-		if (eth.h_source[0] & 1) // a group address is no frame's source
+		const __u8 *src = h.eth.h_source;
+		if (src[0] & 1) // a group address is no frame's source
 			return DECISION_SPOOFED;
 		__u32 mac_hi = word(pol->mac);
 		__u16 mac_lo = (__u16)pol->mac[4] << 8 | pol->mac[5];
-		__u16 src_lo = (__u16)eth.h_source[4] << 8 | eth.h_source[5];
-		if ((mac_hi || mac_lo) && (word(eth.h_source) != mac_hi || src_lo != mac_lo))
+		__u16 src_lo = (__u16)src[4] << 8 | src[5];
+		if ((mac_hi || mac_lo) && (word(src) != mac_hi || src_lo != mac_lo))
 			return DECISION_SPOOFED;
 	}
 	if (proto == ETH_P_ARP)
@@ -825,10 +939,10 @@ static __always_inline __u8 decide(struct __sk_buff *skb, __u32 ifindex, const s
 
 	struct packet p = {};
 	if (proto == ETH_P_IP) {
-		if (parse_ipv4(skb, &p) < 0)
+		if (parse_ipv4(skb, &p, &h, ip_read) < 0)
 			return DECISION_MALFORMED;
 	} else if (proto == ETH_P_IPV6) {
-		if (parse_ipv6(skb, &p) < 0)
+		if (parse_ipv6(skb, &p, &h, ip_read) < 0)
 			return DECISION_MALFORMED;
 	} else {
 		return by_default(pol);
