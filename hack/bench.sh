@@ -82,6 +82,11 @@ GALACTICTEST_FLEET_SIZES=10x10000,50x10000 run ./bench/fleet 'Fleet' 1x
 	echo "static = the same pass over 10,000 taps with an inventory.Static of the same 100,000 objects;"
 	echo "prebuilt = with a snapshot built in advance (no inventory cost); heap-MiB = live heap of a cluster"
 	echo "inventory synced over 100,000 VPCAttachments of a real API server."
+	echo "TapIngress: per frame written into a tap (tap/…, net of the bare tap, writer on one CPU) or per"
+	echo "BPF_PROG_TEST_RUN (test-run/…): after = this build's program, with the route watcher's host view;"
+	echo "before = the program before issue 21 on the same maps; nft = the same rules in an nftables netdev"
+	echo "ingress chain on the tap (both shown to enforce them first). Goals: x-of-before <= 1.3, x-of-nft <= 0.5."
+	echo "RouteChangeToHostView: an address change returning to its caller, to the watcher's host view holding it."
 	echo "Fleet: N simulated nodes' informers against one API server (bench/fleet; bench/FLEET.md has the"
 	echo "large sizes and what each figure is, docs/scale.md the model built on them)."
 } > bench/RESULTS.md
