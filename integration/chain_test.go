@@ -3,13 +3,16 @@ package integration
 import (
 	"context"
 	"encoding/json"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/cilium/ebpf"
 	"github.com/containernetworking/cni/libcni"
 	current "github.com/containernetworking/cni/pkg/types/100"
 
+	"github.com/datum-cloud/galactic-node/ebpf/datapath"
 	"github.com/datum-cloud/galactic-node/internal/nettest"
 )
 
@@ -99,6 +102,60 @@ func TestDelSucceedsWhenThereIsNothingToRemove(t *testing.T) {
 	}
 	if _, ok := h.link(tapName("d")); ok || len(h.rows(l.Index)) != 0 {
 		t.Fatal("DEL by this attachment's record left the tap or its rows")
+	}
+}
+
+// DEL removes the tap even when the pinned maps are of another layout than
+// this plugin's (an upgrade whose daemon refuses them, after its init
+// container installed this plugin), and leaves the rows to the orphan
+// collection of a daemon that can read them: otherwise no pod on the node
+// could ever be deleted, and the remedy, draining the node's taps, needs the
+// DEL that fails (issue 30). ADD and CHECK still refuse, naming the map.
+func TestDelRemovesTheTapWhenThePinnedLayoutDiffers(t *testing.T) {
+	h := newCNIHost(t)
+	h.mustCNI("ADD", ctrA, h.conf("d", nil))
+	l, ok := h.link(tapName("d"))
+	if !ok {
+		t.Fatal("ADD made no tap")
+	}
+
+	// Another bpffs whose pins are this build's but one, of another
+	// layout: the maps as an older or newer daemon left them.
+	other := nettest.BPFFS(t)
+	dp, err := datapath.Load(other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dp.Close()
+	pin := filepath.Join(other, datapath.PinSubdir, "traffic_policy")
+	if err := os.Remove(pin); err != nil {
+		t.Fatal(err)
+	}
+	m, err := ebpf.NewMap(&ebpf.MapSpec{Name: "traffic_policy", Type: ebpf.Hash, KeySize: 4, ValueSize: 4, MaxEntries: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if err := m.Pin(pin); err != nil {
+		t.Fatal(err)
+	}
+	conf := h.conf("d", map[string]any{"bpffs": other})
+
+	if _, err := h.cni("CHECK", ctrA, conf); err == nil || !strings.Contains(err.Error(), "traffic_policy") {
+		t.Errorf("CHECK over pins of another layout: %v, want an error naming traffic_policy", err)
+	}
+	if _, err := h.cni("DEL", ctrA, conf); err != nil {
+		t.Fatalf("DEL over pins of another layout: %v", err)
+	}
+	if _, ok := h.link(tapName("d")); ok {
+		t.Fatal("DEL over pins of another layout left the tap")
+	}
+	// The rows it could not open stay, for the orphan collection.
+	if len(h.rows(l.Index)) == 0 {
+		t.Error("the rows in the maps DEL could not open are gone")
+	}
+	if _, err := h.cni("DEL", ctrA, conf); err != nil {
+		t.Fatalf("DEL again: %v", err)
 	}
 }
 

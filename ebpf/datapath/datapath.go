@@ -77,7 +77,7 @@ func Load(bpffs string) (*Datapath, error) {
 	}()
 	d := &Datapath{pinDir: pinDir}
 	if err := spec.LoadAndAssign(&d.objs, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: pinDir}, MapReplacements: state}); err != nil {
-		return nil, fmt.Errorf("load datapath from %s: %w", pinDir, err)
+		return nil, fmt.Errorf("load datapath from %s: %w", pinDir, incompatible(err))
 	}
 	d.assignTables(spec)
 	d.routeEpoch = d.objs.RouteEpoch

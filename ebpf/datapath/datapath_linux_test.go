@@ -90,8 +90,8 @@ func TestAnIncompatiblePinnedMapIsAnErrorNotReplaced(t *testing.T) {
 	if err := m.Pin(filepath.Join(pinDir, "traffic_policy")); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := datapath.Load(bpffs); err == nil || !strings.Contains(err.Error(), "traffic_policy") {
-		t.Fatalf("Load over an incompatible pinned map = %v; want an error naming it", err)
+	if _, err := datapath.Load(bpffs); !errors.Is(err, datapath.ErrIncompatiblePins) || !strings.Contains(err.Error(), "traffic_policy") {
+		t.Fatalf("Load over an incompatible pinned map = %v; want ErrIncompatiblePins naming it", err)
 	}
 }
 

@@ -15,6 +15,12 @@ import (
 // bpf filesystem or where the node daemon has not started yet.
 var ErrNotPinned = errors.New("datapath maps not pinned")
 
+// ErrIncompatiblePins: a pinned map's layout differs from this build's (an
+// older or newer daemon pinned it). Its rows cannot be read or cleared by
+// this build; callers that only need to remove links (CNI DEL) go on
+// without them.
+var ErrIncompatiblePins = errors.New("pinned datapath maps are of another layout")
+
 // OpenPinned opens the maps the node daemon pinned under <bpffs>/galactic,
 // without loading the program and without mounting or creating anything:
 // what CNI DEL, CHECK, GC and STATUS need. A bpffs path with a typo, or one
@@ -38,7 +44,7 @@ func OpenPinned(bpffs string) (*Datapath, error) {
 	}
 	d := &Datapath{pinDir: pinDir}
 	if err := spec.LoadAndAssign(&d.objs.datapathMaps, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: pinDir}}); err != nil {
-		return nil, fmt.Errorf("open datapath maps in %s: %w", pinDir, err)
+		return nil, fmt.Errorf("open datapath maps in %s: %w", pinDir, incompatible(err))
 	}
 	d.assignTables(spec)
 	return d, nil
@@ -102,4 +108,13 @@ func pinnedDir(bpffs string, spec *ebpf.CollectionSpec) (string, error) {
 		}
 	}
 	return pinDir, nil
+}
+
+// incompatible marks err with ErrIncompatiblePins when a pinned map's
+// layout is what failed.
+func incompatible(err error) error {
+	if errors.Is(err, ebpf.ErrMapIncompatible) {
+		return fmt.Errorf("%w: %w", ErrIncompatiblePins, err)
+	}
+	return err
 }

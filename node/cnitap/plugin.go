@@ -42,10 +42,13 @@ type Plugin struct {
 // the registry and the locks.
 type env struct {
 	conn  *link.Conn
-	dp    *datapath.Datapath
-	reg   *attachreg.Registry
+	dp    *datapath.Datapath  // nil when the pinned maps cannot be opened (DEL only)
+	reg   *attachreg.Registry // nil with dp
 	locks *vrf.Locker
 	taps  *tap.Manager
+	// rows clears a removed tap's rows: reg, or rowsLeft when the maps
+	// cannot be opened.
+	rows teardown.Registry
 }
 
 // open opens this namespace's links, the daemon's pinned maps (with the
@@ -71,20 +74,53 @@ func (p *Plugin) open(conf NetConf, withProgram bool) (*env, error) {
 		dp.Close()
 		return nil, err
 	}
-	return &env{conn: conn, dp: dp, reg: attachreg.New(dp, nil, p.Log), locks: locks, taps: tap.NewManager(nil, conn, p.Log)}, nil
+	reg := attachreg.New(dp, nil, p.Log)
+	return &env{conn: conn, dp: dp, reg: reg, locks: locks, taps: tap.NewManager(nil, conn, p.Log), rows: reg}, nil
+}
+
+// openWithoutRows is open for a DEL over maps this build cannot read: the
+// links and the locks, and a rows stand-in that leaves every row to the
+// orphan collection of a daemon that can read them.
+func (p *Plugin) openWithoutRows(conf NetConf, cause error) (*env, error) {
+	conn, err := link.Dial(nil)
+	if err != nil {
+		return nil, err
+	}
+	locks, err := vrf.NewLocker(conf.VRFLockDir)
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
+	return &env{conn: conn, locks: locks, taps: tap.NewManager(nil, conn, p.Log), rows: rowsLeft{log: p.Log, cause: cause}}, nil
+}
+
+// rowsLeft is the rows of a tap whose maps this build cannot open: removing
+// the tap leaves them, logged, for the orphan collection, which clears rows
+// whose ifindex no link has.
+type rowsLeft struct {
+	log   *slog.Logger
+	cause error
+}
+
+func (r rowsLeft) UnregisterInterface(_ context.Context, ifindex uint32) error {
+	r.log.Warn("DEL left the removed tap's eBPF rows for the orphan collection: this plugin cannot open the pinned maps",
+		"ifindex", ifindex, "error", r.cause)
+	return nil
 }
 
 // remover is the one teardown over this namespace's parts; the kernel
 // probe proves single-queue taps free.
 func (e *env) remover(log *slog.Logger) *teardown.Remover {
-	return &teardown.Remover{Links: e.conn, Registry: e.reg, Locks: e.locks, Prober: e.prober(), LockTimeout: lockTimeout, Log: log}
+	return &teardown.Remover{Links: e.conn, Registry: e.rows, Locks: e.locks, Prober: e.prober(), LockTimeout: lockTimeout, Log: log}
 }
 
 func (e *env) prober() holder.Prober { return holder.Prober{Links: e.conn} }
 
 func (e *env) close() {
 	e.conn.Close()
-	e.dp.Close()
+	if e.dp != nil {
+		e.dp.Close()
+	}
 }
 
 // run parses the request, opens the node's parts and calls do, answering
@@ -224,6 +260,13 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 	if errors.Is(err, datapath.ErrNotPinned) {
 		return cniError(p.delUnpinned(inv, err))
 	}
+	if errors.Is(err, datapath.ErrIncompatiblePins) {
+		// An upgrade or downgrade whose daemon pinned another layout: the
+		// tap still goes, or no pod of this node could ever be deleted.
+		p.Log.Warn("DEL cannot open the pinned maps (another build's layout); removing the tap without its rows",
+			"container", inv.containerID, "ifname", inv.ifName, "error", err)
+		e, err = p.openWithoutRows(inv.conf, err)
+	}
 	if err != nil {
 		return cniError(err)
 	}
@@ -329,6 +372,15 @@ func (p *Plugin) del(inv *invocation, e *env) error {
 // already gone (deleted by something else): the rows whose ifindex_vrf row
 // names the identity and whose ifindex has no link, and their pin.
 func (p *Plugin) clearGone(ctx context.Context, e *env, inv *invocation) error {
+	// A record left behind (a read-only or full folder) names a tap that
+	// is gone: GC drops it later, and failing here would leave the runtime
+	// unable to ever remove the sandbox.
+	if err := removeRecord(inv.conf.DataDir, inv.conf.Name, inv.identity.TapName()); err != nil && !errors.Is(err, errConfig) {
+		p.Log.Warn("DEL left the record of a tap already gone", "container", inv.containerID, "tap", inv.identity.TapName(), "error", err)
+	}
+	if e.reg == nil {
+		return nil // maps this build cannot open: their rows are the orphan collection's
+	}
 	regs, err := e.reg.Registered()
 	if err != nil {
 		return err
@@ -338,12 +390,6 @@ func (p *Plugin) clearGone(ctx context.Context, e *env, inv *invocation) error {
 		if r.Identity == inv.identity {
 			gone = append(gone, teardown.Gone{Ifindex: r.Ifindex, Identity: r.Identity})
 		}
-	}
-	// A record left behind (a read-only or full folder) names a tap that
-	// is gone: GC drops it later, and failing here would leave the runtime
-	// unable to ever remove the sandbox.
-	if err := removeRecord(inv.conf.DataDir, inv.conf.Name, inv.identity.TapName()); err != nil && !errors.Is(err, errConfig) {
-		p.Log.Warn("DEL left the record of a tap already gone", "container", inv.containerID, "tap", inv.identity.TapName(), "error", err)
 	}
 	if len(gone) == 0 {
 		return nil
