@@ -212,17 +212,21 @@ func TestEachServiceAccountHasExactlyWhatItNeeds(t *testing.T) {
 		}
 	}
 	cs, _ := kubernetes.NewForConfig(a.c.Config)
-	may := func(sa, verb, group, resource, ns string) bool {
+	mayNamed := func(sa, verb, group, resource, ns, name string) bool {
 		t.Helper()
 		sar, err := cs.AuthorizationV1().SubjectAccessReviews().Create(context.Background(), &authzv1.SubjectAccessReview{Spec: authzv1.SubjectAccessReviewSpec{
 			User:               "system:serviceaccount:galactic-system:" + sa,
 			Groups:             []string{"system:serviceaccounts", "system:serviceaccounts:galactic-system", "system:authenticated"},
-			ResourceAttributes: &authzv1.ResourceAttributes{Verb: verb, Group: group, Resource: resource, Namespace: ns},
+			ResourceAttributes: &authzv1.ResourceAttributes{Verb: verb, Group: group, Resource: resource, Namespace: ns, Name: name},
 		}}, metav1.CreateOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
 		return sar.Status.Allowed
+	}
+	may := func(sa, verb, group, resource, ns string) bool {
+		t.Helper()
+		return mayNamed(sa, verb, group, resource, ns, "")
 	}
 	for _, c := range []struct {
 		sa, verb, group, resource, ns string
@@ -249,12 +253,29 @@ func TestEachServiceAccountHasExactlyWhatItNeeds(t *testing.T) {
 		{"galactic-hubctl", "update", "cloud.datumapis.com", "networkfabricidentities", "tenant", false},
 		{"galactic-hubctl", "watch", "networking.datumapis.com", "networks", "", true},
 		{"galactic-hubctl", "delete", "networking.datumapis.com", "networks", "tenant", false},
-		{"galactic-hubctl", "update", "coordination.k8s.io", "leases", "platform", true},
 		{"galactic-hubctl", "create", "authentication.k8s.io", "tokenreviews", "", false},
 		{"galactic-hubctl", "list", "", "secrets", "platform", false},
 	} {
 		if got := may(c.sa, c.verb, c.group, c.resource, c.ns); got != c.want {
 			t.Errorf("%s %s %s.%s in %q: allowed %v, want %v", c.sa, c.verb, c.resource, c.group, c.ns, got, c.want)
+		}
+	}
+	// hubctl's leader Lease has a fixed name: it may read and renew that
+	// one only (and create it: a create names nothing the API server can
+	// check before the object exists).
+	for _, c := range []struct {
+		verb, name string
+		want       bool
+	}{
+		{"get", "galactic-hubctl", true},
+		{"update", "galactic-hubctl", true},
+		{"create", "", true},
+		{"get", "another-lease", false},
+		{"update", "another-lease", false},
+		{"delete", "galactic-hubctl", false},
+	} {
+		if got := mayNamed("galactic-hubctl", c.verb, "coordination.k8s.io", "leases", "platform", c.name); got != c.want {
+			t.Errorf("galactic-hubctl %s lease %q in platform: allowed %v, want %v", c.verb, c.name, got, c.want)
 		}
 	}
 }
