@@ -94,7 +94,7 @@ func parseFlags(args []string, getenv func(string) string) (*spec, error) {
 	var epoch string
 	fs := flag.NewFlagSet("imagebuild", flag.ContinueOnError)
 	fs.StringVar(&s.ref, "ref", "", "image name and tag, e.g. ghcr.io/datum-cloud/galactic-node:v1 (required)")
-	fs.Var(&adds, "add", "SRC=DST: put host file SRC at absolute path DST, mode 0755 (repeatable)")
+	fs.Var(&adds, "add", "SRC=DST: put host file SRC at absolute path DST, mode 0755 if SRC is executable, else 0644 (repeatable)")
 	fs.StringVar(&s.entrypoint, "entrypoint", "", "entrypoint, an absolute path inside the image (required)")
 	fs.StringVar(&s.user, "user", "", "config User, e.g. 65532:65532 (default root)")
 	fs.Var(&labels, "label", "KEY=VALUE config label (repeatable)")
@@ -136,6 +136,15 @@ func parseFlags(args []string, getenv func(string) string) (*spec, error) {
 			return nil, fmt.Errorf("-label %q: want KEY=VALUE", l)
 		}
 		s.labels[k] = v
+	}
+	// The OCI labels every image carries, from what is already fixed: the
+	// build's time, and the repository's name.
+	if _, ok := s.labels["org.opencontainers.image.created"]; !ok {
+		s.labels["org.opencontainers.image.created"] = s.epoch.Format(time.RFC3339)
+	}
+	if _, ok := s.labels["org.opencontainers.image.title"]; !ok {
+		repo, _, _ := strings.Cut(s.ref, ":")
+		s.labels["org.opencontainers.image.title"] = path.Base(repo)
 	}
 	return s, nil
 }
@@ -262,7 +271,11 @@ func layerTar(files []file, epoch time.Time) ([]byte, error) {
 			if data, err = os.ReadFile(e.src); err != nil {
 				return nil, fmt.Errorf("read %s: %w", e.src, err)
 			}
-			h.Typeflag, h.Mode, h.Size = tar.TypeReg, 0o755, int64(len(data))
+			mode, err := fileMode(e.src)
+			if err != nil {
+				return nil, err
+			}
+			h.Typeflag, h.Mode, h.Size = tar.TypeReg, mode, int64(len(data))
 		}
 		if err := tw.WriteHeader(h); err != nil {
 			return nil, fmt.Errorf("layer entry %s: %w", e.name, err)
@@ -350,4 +363,17 @@ func writeFileAtomic(name string, data []byte) error {
 		return fmt.Errorf("rename into %s: %w", name, err)
 	}
 	return nil
+}
+
+// fileMode is an image file's mode: 0755 for a program (its source has an
+// execute bit, which git keeps in every clone), 0644 for data.
+func fileMode(src string) (int64, error) {
+	fi, err := os.Stat(src)
+	if err != nil {
+		return 0, fmt.Errorf("stat %s: %w", src, err)
+	}
+	if fi.Mode()&0o111 != 0 {
+		return 0o755, nil
+	}
+	return 0o644, nil
 }
