@@ -30,9 +30,9 @@ import (
 const raceFrames = 3_000_000
 
 // watchRoutes runs the node daemon's route watcher in the scene's
-// namespace until the test ends, and returns once it has published the
-// host view.
-func (s *tapScene) watchRoutes(t testing.TB) *routewatch.Watcher {
+// namespace until stop or the test's end, and returns once it has
+// published the host view. stop returns what Run returned.
+func (s *tapScene) watchRoutes(t testing.TB) (w *routewatch.Watcher, stop func() error) {
 	t.Helper()
 	w, err := routewatch.Dial(s.ns.File, s.dp, nil)
 	if err != nil {
@@ -41,17 +41,21 @@ func (s *tapScene) watchRoutes(t testing.TB) *routewatch.Watcher {
 	ctx, cancel := context.WithCancel(context.Background())
 	runErr := make(chan error, 1)
 	go func() { runErr <- w.Run(ctx) }()
-	t.Cleanup(func() {
+	stop = sync.OnceValue(func() error {
 		cancel()
-		if err := <-runErr; err != nil {
+		err := <-runErr
+		_ = w.Close()
+		return err
+	})
+	t.Cleanup(func() {
+		if err := stop(); err != nil {
 			t.Errorf("watcher: %v", err)
 		}
-		_ = w.Close()
 	})
 	if err := w.Sync(ctx); err != nil {
 		t.Fatal(err)
 	}
-	return w
+	return w, stop
 }
 
 // addTap adds another tenant's tap to the scene's bridge, in the same
@@ -308,7 +312,7 @@ func TestOneTapCannotEvictAnothersFragments(t *testing.T) {
 // without the watcher keeps the old answer for 64 jiffies.
 func TestAddressChangesReachTheDatapathOnceTheWatcherReadsThem(t *testing.T) {
 	s := newTapScene(t, tenant{VPC: 62, Attachment: 76})
-	w := s.watchRoutes(t)
+	w, _ := s.watchRoutes(t)
 	const moved4, moved6 = "10.201.0.1", "fd00:201::1"
 	for _, fam := range []struct {
 		name, addr, flag string

@@ -31,8 +31,10 @@ type Datapath struct {
 	// nil when only the maps of rows were opened (OpenPinned).
 	routeEpoch *ebpf.Map
 	// hostFilter is the host filter as PublishHostView last wrote it; nil:
-	// unknown, so the next write covers every word.
-	hostFilter []datapathHostBlock
+	// unknown, so the next write covers every block. hostFilterPartial: it
+	// does not cover every host prefix.
+	hostFilter        []datapathHostBlock
+	hostFilterPartial bool
 
 	IfindexVRF *Table[uint32, VRFBinding]
 	// TapRules is what the program judges frames by. Remove its rows with

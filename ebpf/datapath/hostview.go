@@ -2,6 +2,7 @@ package datapath
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net/netip"
 	"time"
@@ -119,8 +120,8 @@ func hostFilter(prefixes []netip.Prefix) ([]datapathHostBlock, bool) {
 // PublishHostView writes the filter of the host's prefixes (those of its
 // local, broadcast and anycast routes, in every table) and lets the program
 // trust it for trustFor. The node daemon calls it for every batch of route
-// events it reads, and again before the time runs out while it keeps
-// reading. One writer at a time: the daemon. Only blocks that changed are
+// events it reads, and RenewHostView before the time runs out while it
+// keeps reading. One writer at a time: the daemon. Only blocks that changed are
 // written; whatever part of a block a frame reads mid-write, each of its
 // bits is old or new. A view that stops covering its prefixes is marked so
 // before its blocks change.
@@ -144,13 +145,25 @@ func (d *Datapath) PublishHostView(prefixes []netip.Prefix, trustFor time.Durati
 			return fmt.Errorf("publish host view: block %d: %w", i, err)
 		}
 	}
-	d.hostFilter = blocks
+	d.hostFilter, d.hostFilterPartial = blocks, !complete
+	return d.RenewHostView(trustFor)
+}
+
+// RenewHostView lets the program trust the view PublishHostView last wrote
+// for trustFor from now, without writing the filter again.
+func (d *Datapath) RenewHostView(trustFor time.Duration) error {
+	if d.objs.HostView == nil {
+		return fmt.Errorf("renew host view: %w", ErrNoProgramState)
+	}
+	if d.hostFilter == nil {
+		return errors.New("renew host view: no view was published whole")
+	}
 	view := datapathHostView{ValidUntil: uint64(monotonicCoarse() + trustFor)}
-	if !complete {
+	if d.hostFilterPartial {
 		view.Flags = hostViewPartial
 	}
 	if err := d.objs.HostView.Put(uint32(0), view); err != nil {
-		return fmt.Errorf("publish host view: %w", err)
+		return fmt.Errorf("renew host view: %w", err)
 	}
 	return nil
 }

@@ -6,7 +6,6 @@ package datapath_test
 // scene's namespace, or writes the view as a watcher that stopped left it.
 
 import (
-	"context"
 	"fmt"
 	"net/netip"
 	"testing"
@@ -57,17 +56,7 @@ func TestTheHostViewNeverForwardsAHostDestination(t *testing.T) {
 	if got := s.judge4(t, unroutable4, 9999); got != "map[deny:1]" {
 		t.Fatalf("without the view, udp/9999 to %s: counted %s, want deny (the route lookup finds no route)", unroutable4, got)
 	}
-	w, err := routewatch.Dial(s.ns.File, s.dp, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = w.Close() }()
-	ctx, cancel := context.WithCancel(context.Background())
-	runErr := make(chan error, 1)
-	go func() { runErr <- w.Run(ctx) }()
-	if err := w.Sync(ctx); err != nil {
-		t.Fatal(err)
-	}
+	_, stopWatcher := s.watchRoutes(t)
 	if got := s.judge4(t, unroutable4, 9999); got != "map[allow:1]" {
 		t.Fatalf("with the view, udp/9999 to %s: counted %s, want allow (outside the view, no lookup)", unroutable4, got)
 	}
@@ -100,8 +89,7 @@ func TestTheHostViewNeverForwardsAHostDestination(t *testing.T) {
 		t.Errorf("udp/9999 to %s, %v after the view was published: never allowed, want the view renewed", unroutable4, 2*routewatch.ViewTrust)
 	}
 
-	cancel()
-	if err := <-runErr; err != nil {
+	if err := stopWatcher(); err != nil {
 		t.Fatalf("watcher: %v", err)
 	}
 	if got := s.judge4(t, unroutable4, 9999); got != "map[deny:1]" {

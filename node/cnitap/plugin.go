@@ -51,37 +51,38 @@ type env struct {
 	rows teardown.Registry
 }
 
-// open opens this namespace's links, the daemon's pinned maps (with the
-// program when the command attaches it), the registry and the locks. It
+// open opens the daemon's pinned maps (with the program when the command
+// attaches it), the registry, and this namespace's links and locks. It
 // never mounts a bpffs or creates maps: see datapath.OpenPinned.
 func (p *Plugin) open(conf NetConf, withProgram bool) (*env, error) {
-	conn, err := link.Dial(nil)
-	if err != nil {
-		return nil, err
-	}
 	open := datapath.OpenPinned
 	if withProgram {
 		open = datapath.LoadPinned
 	}
 	dp, err := open(conf.BPFFS)
 	if err != nil {
-		conn.Close()
-		return nil, err
-	}
-	locks, err := vrf.NewLocker(conf.VRFLockDir)
-	if err != nil {
-		conn.Close()
-		dp.Close()
 		return nil, err
 	}
 	reg := attachreg.New(dp, nil, p.Log)
-	return &env{conn: conn, dp: dp, reg: reg, locks: locks, taps: tap.NewManager(nil, conn, p.Log), rows: reg}, nil
+	e, err := p.openLinks(conf, reg)
+	if err != nil {
+		dp.Close()
+		return nil, err
+	}
+	e.dp, e.reg = dp, reg
+	return e, nil
 }
 
-// openWithoutRows is open for a DEL over maps this build cannot read: the
-// links and the locks, and a rows stand-in that leaves every row to the
-// orphan collection of a daemon that can read them.
+// openWithoutRows is open for a DEL over maps this build cannot read: a
+// rows stand-in leaves every row to the orphan collection of a daemon that
+// can read them.
 func (p *Plugin) openWithoutRows(conf NetConf, cause error) (*env, error) {
+	return p.openLinks(conf, rowsLeft{log: p.Log, cause: cause})
+}
+
+// openLinks opens this namespace's links and the VRF locks, with rows as
+// what clears a removed tap's rows.
+func (p *Plugin) openLinks(conf NetConf, rows teardown.Registry) (*env, error) {
 	conn, err := link.Dial(nil)
 	if err != nil {
 		return nil, err
@@ -91,7 +92,7 @@ func (p *Plugin) openWithoutRows(conf NetConf, cause error) (*env, error) {
 		conn.Close()
 		return nil, err
 	}
-	return &env{conn: conn, locks: locks, taps: tap.NewManager(nil, conn, p.Log), rows: rowsLeft{log: p.Log, cause: cause}}, nil
+	return &env{conn: conn, locks: locks, taps: tap.NewManager(nil, conn, p.Log), rows: rows}, nil
 }
 
 // rowsLeft is the rows of a tap whose maps this build cannot open: removing

@@ -29,8 +29,9 @@ type view struct {
 
 var watched = netip.MustParsePrefix("10.77.0.1/32")
 
-func (v *view) BumpRouteEpoch() (uint64, error) { return v.epoch.Add(1), nil }
-func (v *view) RevokeHostView() error           { return nil }
+func (v *view) BumpRouteEpoch() (uint64, error)   { return v.epoch.Add(1), nil }
+func (v *view) RevokeHostView() error             { return nil }
+func (v *view) RenewHostView(time.Duration) error { return nil }
 func (v *view) PublishHostView(ps []netip.Prefix, _ time.Duration) error {
 	v.has.Store(slices.Contains(ps, watched))
 	return nil

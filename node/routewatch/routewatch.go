@@ -33,6 +33,7 @@ import (
 type Datapath interface {
 	BumpRouteEpoch() (uint64, error)
 	PublishHostView(prefixes []netip.Prefix, trustFor time.Duration) error
+	RenewHostView(trustFor time.Duration) error
 	RevokeHostView() error
 }
 
@@ -216,7 +217,7 @@ func (w *Watcher) renew(ctx context.Context) {
 		}
 		w.mu.Lock()
 		if w.trusted {
-			if err := w.dp.PublishHostView(w.prefixes(), ViewTrust); err != nil {
+			if err := w.dp.RenewHostView(ViewTrust); err != nil {
 				w.log.Warn("host view not renewed: the program asks the route lookup once it lapses", "error", err)
 			}
 		}
