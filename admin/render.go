@@ -179,6 +179,11 @@ func WriteStatus(w io.Writer, st Status, now time.Time) {
 	} else {
 		line("holder names", "may miss holders ("+st.HolderScan.Reason+"); removals do not depend on them")
 	}
+	progs := fmt.Sprintf("%s (id %d): %d of %d attached taps run another", st.Programs.Current.Name, st.Programs.Current.ID, st.Programs.OnOther, st.Programs.Links)
+	if st.Programs.Error != "" {
+		progs += " (some links unreadable: " + escapeText(st.Programs.Error) + ")"
+	}
+	line("program", progs)
 	for _, m := range st.Maps {
 		fill := "unreadable"
 		switch {
@@ -196,6 +201,9 @@ func WriteStatus(w io.Writer, st Status, now time.Time) {
 // row, the row as compact JSON: its fields differ from map to map.
 func writeInterfaceRows(w io.Writer, v attachreg.InterfaceRows) {
 	fmt.Fprintf(w, "ifindex %d, program attached: %t\n", v.Ifindex, v.Attached)
+	if v.Program != nil {
+		fmt.Fprintf(w, "program: %s\n", programText(v.Program))
+	}
 	names := make([]string, 0, len(v.Rows))
 	for name := range v.Rows {
 		names = append(names, name)
@@ -218,7 +226,7 @@ func dash(s string) string {
 }
 
 func tapRows(taps []nodeview.TapView) tabular {
-	t := tabular{items: taps, header: []string{"NAME", "IFINDEX", "VPC", "ATT", "OWNER", "MASTER", "HELD", "HOLDERS", "CARRIED BY", "STATE"}}
+	t := tabular{items: taps, header: []string{"NAME", "IFINDEX", "VPC", "ATT", "OWNER", "MASTER", "HELD", "HOLDERS", "CARRIED BY", "STATE", "PROGRAM"}}
 	for _, v := range taps {
 		var holders, carried []string
 		for _, h := range v.Holders {
@@ -228,9 +236,25 @@ func tapRows(taps []nodeview.TapView) tabular {
 			carried = append(carried, c.String())
 		}
 		t.rows = append(t.rows, []string{v.Name, strconv.FormatUint(uint64(v.Ifindex), 10), v.VPC, v.Attachment, dash(v.Owner),
-			dash(v.Master), strconv.FormatBool(v.Held), dash(strings.Join(holders, ",")), dash(strings.Join(carried, ",")), string(v.State)})
+			dash(v.Master), strconv.FormatBool(v.Held), dash(strings.Join(holders, ",")), dash(strings.Join(carried, ",")), string(v.State),
+			programText(v.Program)})
 	}
 	return t
+}
+
+// programText names the program a tap runs: "current", or the build that
+// attached another ("other: tap_ingress_<hash> (id N)").
+func programText(p *attachreg.Program) string {
+	switch {
+	case p == nil:
+		return "-"
+	case p.Current:
+		return "current"
+	case p.Name != "":
+		return fmt.Sprintf("other: %s (id %d)", escapeText(p.Name), p.ID)
+	default:
+		return fmt.Sprintf("other: unpinned (id %d)", p.ID)
+	}
 }
 
 func pendingRows(p []reclaim.Pending) tabular {

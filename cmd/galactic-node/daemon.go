@@ -230,7 +230,13 @@ func runDaemon(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 		return err
 	}
 	defer dp.Close()
+	if err := dp.AdoptProgram(); err != nil {
+		return err
+	}
 	registry := attachreg.New(dp, nil, log)
+	// Taps attached by an earlier build run its rules until moved: before
+	// anything else, and after every pass (afterPasses).
+	moveToCurrentProgram(ctx, registry, log)
 	// Subscribed before anything runs, so that no change made after the
 	// program's first cached answer goes unread.
 	routes, err := routewatch.Dial(nil, dp, log.With("component", "route-watch"))
@@ -422,9 +428,14 @@ func runDaemon(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 		}
 	})
 	wg.Go(func() { reclaimer.Run(ctx, f.interval) })
-	if f.cniDataDir != "" {
-		wg.Go(func() { collectRecords(ctx, f.cniDataDir, conn, locks, passDone, log) })
-	}
+	wg.Go(func() {
+		afterPasses(ctx, passDone, func() {
+			moveToCurrentProgram(ctx, registry, log)
+			if f.cniDataDir != "" {
+				collectRecords(ctx, f.cniDataDir, conn, locks, log)
+			}
+		})
+	})
 	<-ctx.Done()
 	stopBy = time.Now().Add(f.shutdownTimeout)
 	log.Info("stopping: finishing the pass in flight", "timeout", f.shutdownTimeout.String())
@@ -444,20 +455,40 @@ func runDaemon(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 	return nil
 }
 
-// collectRecords removes, at start and after each pass, the CNI records
-// that no longer speak for a tap (cnitap.CollectRecords).
-func collectRecords(ctx context.Context, dataDir string, links cnitap.Links, locks teardown.Locker, passDone <-chan struct{}, log *slog.Logger) {
-	log = log.With("component", "cni-records")
+// afterPasses runs job at start and after each pass, until ctx ends.
+func afterPasses(ctx context.Context, passDone <-chan struct{}, job func()) {
 	for {
-		done, err := cnitap.CollectRecords(ctx, dataDir, links, locks, 10*time.Second, log)
-		if err != nil && ctx.Err() == nil {
-			log.Warn("collecting CNI records: some were left for the next round", "folder", dataDir, "collected", len(done), "error", err)
-		}
+		job()
 		select {
 		case <-ctx.Done():
 			return
 		case <-passDone:
 		}
+	}
+}
+
+// moveToCurrentProgram points every attached tap at the daemon's program
+// and unpins the programs no tap runs (attachreg.MoveToCurrentProgram).
+func moveToCurrentProgram(ctx context.Context, registry *attachreg.Registry, log *slog.Logger) {
+	sweep, err := registry.MoveToCurrentProgram(ctx)
+	if err != nil && ctx.Err() == nil {
+		log.Warn("some taps still run another program: retried after the next pass", "taps", sweep.Links, "moved", sweep.Moved,
+			"on_other_program", sweep.Other, "error", err)
+		return
+	}
+	if sweep.Moved > 0 || len(sweep.Unpinned) > 0 {
+		log.Info("taps run the daemon's program", "program", datapath.ProgramName(), "taps", sweep.Links, "moved", sweep.Moved,
+			"unpinned", sweep.Unpinned)
+	}
+}
+
+// collectRecords removes the CNI records that no longer speak for a tap
+// (cnitap.CollectRecords).
+func collectRecords(ctx context.Context, dataDir string, links cnitap.Links, locks teardown.Locker, log *slog.Logger) {
+	log = log.With("component", "cni-records")
+	done, err := cnitap.CollectRecords(ctx, dataDir, links, locks, 10*time.Second, log)
+	if err != nil && ctx.Err() == nil {
+		log.Warn("collecting CNI records: some were left for the next round", "folder", dataDir, "collected", len(done), "error", err)
 	}
 }
 

@@ -116,6 +116,10 @@ func runTap(ctx context.Context, args, environ []string, stdout, stderr io.Write
 		return err
 	}
 	defer dp.Close()
+	// The tap runs the program pinned for this build, as CNI ADD's do.
+	if err := dp.AdoptProgram(); err != nil {
+		return err
+	}
 	reg := attachreg.New(dp, nil, nil)
 	taps := tap.NewManager(nil, conn, nil)
 

@@ -515,6 +515,8 @@ type InterfaceRows struct {
 	Ifindex  uint32         `json:"ifindex"`
 	Rows     map[string]any `json:"rows"`
 	Attached bool           `json:"attached"`
+	// Program is what the attached link runs; nil when none is attached.
+	Program *Program `json:"program,omitempty"`
 }
 
 // Rows returns every row keyed by ifindex across the per-interface maps.
@@ -536,6 +538,12 @@ func (r *Registry) Rows(ifindex uint32) (InterfaceRows, error) {
 	}
 	if _, err := os.Stat(r.linkPin(ifindex)); err == nil {
 		out.Attached = true
+		p, live, err := r.programOf(ifindex)
+		if err != nil {
+			errs = append(errs, err)
+		} else if live {
+			out.Program = &p
+		}
 	}
 	return out, errors.Join(errs...)
 }

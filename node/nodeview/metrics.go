@@ -2,6 +2,7 @@ package nodeview
 
 import (
 	"context"
+	"errors"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -18,11 +19,13 @@ type mapCollector struct {
 	entries, maxRows *prometheus.Desc
 	overflow         *prometheus.Desc
 	holderScan       *prometheus.Desc
+	otherProgram     *prometheus.Desc
 }
 
 // MapCollector returns a collector of galactic_ebpf_map_entries{map},
 // galactic_ebpf_map_max_entries{map},
-// galactic_ebpf_decisions_overflow_total and
+// galactic_ebpf_decisions_overflow_total,
+// galactic_ebpf_taps_on_other_program and
 // galactic_cni_holder_scan_complete (from a scan at most 30 s old).
 func (v *Views) MapCollector() prometheus.Collector {
 	return &mapCollector{
@@ -33,6 +36,8 @@ func (v *Views) MapCollector() prometheus.Collector {
 			"Frames judged but counted against no tenant because the decisions map was full (unattributed, reason decisions_full).", nil, nil),
 		holderScan: prometheus.NewDesc("galactic_cni_holder_scan_complete",
 			"1 when the /proc scan that names tap holders saw every process, 0 when it may miss some (see /v1/status holderScan.reason). Removals never depend on it.", nil, nil),
+		otherProgram: prometheus.NewDesc("galactic_ebpf_taps_on_other_program",
+			"Attached interfaces whose TCX link runs another program than the daemon's (an older build's): the daemon moves them at start and after each pass.", nil, nil),
 	}
 }
 
@@ -41,6 +46,7 @@ func (c *mapCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.maxRows
 	ch <- c.overflow
 	ch <- c.holderScan
+	ch <- c.otherProgram
 }
 
 func (c *mapCollector) Collect(ch chan<- prometheus.Metric) {
@@ -59,6 +65,11 @@ func (c *mapCollector) Collect(ch chan<- prometheus.Metric) {
 		complete = 1
 	}
 	ch <- prometheus.MustNewConstMetric(c.holderScan, prometheus.GaugeValue, complete)
+	if st := c.views.Programs(); st.Error != "" {
+		ch <- prometheus.NewInvalidMetric(c.otherProgram, errors.New(st.Error))
+	} else {
+		ch <- prometheus.MustNewConstMetric(c.otherProgram, prometheus.GaugeValue, float64(st.OnOther))
+	}
 	// The count lives in the pinned map, so it survives daemon restarts
 	// and only grows: a counter.
 	if n, err := c.views.Datapath.Unattributed.Get(datapath.ReasonDecisionsFull); err != nil {

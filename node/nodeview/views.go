@@ -95,6 +95,9 @@ type TapView struct {
 	Holders    []holder.Holder       `json:"holders,omitempty"`
 	CarriedBy  []inventory.ObjectRef `json:"carriedBy"`
 	State      TapState              `json:"state"`
+	// Program is what the tap's pinned link runs; nil when none is
+	// attached.
+	Program *attachreg.Program `json:"program,omitempty"`
 }
 
 // Taps returns every tenant tap.
@@ -113,6 +116,12 @@ func (v *Views) Taps(ctx context.Context) ([]TapView, error) {
 		pending[p.Tap.Ifindex] = p
 	}
 	scan, _ := v.scan(ctx, 0)
+	// A link that cannot be read shows no program; the metric and the
+	// status say how many taps run another.
+	var programs map[uint32]attachreg.Program
+	if v.Registry != nil {
+		programs, _ = v.Registry.Programs()
+	}
 	views := []TapView{}
 	for _, t := range link.TenantTaps(links) {
 		held, why := holder.Held(t)
@@ -135,6 +144,9 @@ func (v *Views) Taps(ctx context.Context) ([]TapView, error) {
 			tapPending = &p
 		}
 		view.State = tapState(t, view.Held, len(view.CarriedBy) > 0, tapPending)
+		if p, ok := programs[t.Index]; ok {
+			view.Program = &p
+		}
 		views = append(views, view)
 	}
 	return views, nil
@@ -217,6 +229,35 @@ type Status struct {
 	// HolderScan says whether the scan that names holders saw every
 	// process. No removal depends on it.
 	HolderScan HolderScanStatus `json:"holderScan"`
+	Programs   ProgramStatus    `json:"programs"`
+}
+
+// ProgramStatus says which program the daemon runs and how many attached
+// interfaces run another (an older build's, until the daemon moves them).
+type ProgramStatus struct {
+	Current attachreg.Program `json:"current"`
+	Links   int               `json:"links"`
+	OnOther int               `json:"onOther"`
+	Error   string            `json:"error,omitempty"`
+}
+
+// Programs counts the attached interfaces by the program they run.
+func (v *Views) Programs() ProgramStatus {
+	st := ProgramStatus{Current: attachreg.Program{ID: v.Datapath.ProgramID(), Name: datapath.ProgramName(), Current: true}}
+	if v.Registry == nil {
+		return st
+	}
+	progs, err := v.Registry.Programs()
+	if err != nil {
+		st.Error = err.Error()
+	}
+	for _, p := range progs {
+		st.Links++
+		if !p.Current {
+			st.OnOther++
+		}
+	}
+	return st
 }
 
 // HolderScanStatus is the last holder scan's reach.
@@ -270,6 +311,7 @@ func (v *Views) Status(ctx context.Context) Status {
 	}
 	st.HolderScan = v.HolderScan(ctx)
 	if v.Datapath != nil {
+		st.Programs = v.Programs()
 		for _, t := range v.Datapath.Tables() {
 			l := t.Layout()
 			fill := MapFill{Name: l.Name, Type: l.Type, MaxEntries: l.MaxEntries, Rows: -1} // -1: could not be counted

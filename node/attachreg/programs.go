@@ -1,0 +1,189 @@
+package attachreg
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/cilium/ebpf"
+	ciliumlink "github.com/cilium/ebpf/link"
+)
+
+// Program is the program one interface's pinned TCX link runs.
+type Program struct {
+	ID ebpf.ProgramID `json:"id"`
+	// Name is the pin under progs/ that holds it, which names the build
+	// that attached it; empty when no pin holds it (its pin was removed).
+	Name string `json:"name,omitempty"`
+	// Current: it is the program of the daemon that answers.
+	Current bool `json:"current"`
+}
+
+// ProgramSweep is what MoveToCurrentProgram did.
+type ProgramSweep struct {
+	Links    int // pinned links of existing interfaces
+	Moved    int // links moved to the current program
+	Other    int // links still on another program (a move failed)
+	Unpinned []string
+}
+
+// linkProgram is the program of the link pinned for one existing interface.
+type linkProgram struct {
+	ifindex uint32
+	prog    ebpf.ProgramID
+	pin     string
+}
+
+// linkPrograms reads every pinned TCX link. Links whose device is gone are
+// left out: the orphan collection removes them.
+func (r *Registry) linkPrograms() ([]linkProgram, error) {
+	dir := filepath.Join(r.dp.PinDir(), linkPinSubdir)
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list tcx links: %w", err)
+	}
+	var out []linkProgram
+	var errs []error
+	for _, e := range entries {
+		digits, ok := strings.CutPrefix(e.Name(), "tcx_ingress_")
+		n, err := strconv.ParseUint(digits, 10, 32)
+		if !ok || err != nil || n == 0 {
+			continue // not a pin this package made
+		}
+		pin := filepath.Join(dir, e.Name())
+		prog, live, err := pinnedLinkProgram(pin)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if live {
+			out = append(out, linkProgram{ifindex: uint32(n), prog: prog, pin: pin})
+		}
+	}
+	return out, errors.Join(errs...)
+}
+
+func pinnedLinkProgram(pin string) (ebpf.ProgramID, bool, error) {
+	l, err := ciliumlink.LoadPinnedLink(pin, nil)
+	if errors.Is(err, os.ErrNotExist) {
+		return 0, false, nil // unpinned meanwhile
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("load tcx link %s: %w", pin, err)
+	}
+	defer l.Close()
+	info, err := l.Info()
+	if err != nil {
+		return 0, false, fmt.Errorf("tcx link %s: info: %w", pin, err)
+	}
+	tcx := info.TCX()
+	return info.Program, tcx != nil && tcx.Ifindex != 0, nil
+}
+
+// Programs returns the program each existing interface's pinned link runs,
+// by ifindex, named after the pins under progs/.
+func (r *Registry) Programs() (map[uint32]Program, error) {
+	links, err := r.linkPrograms()
+	program, perr := r.programNamer()
+	out := make(map[uint32]Program, len(links))
+	for _, l := range links {
+		out[l.ifindex] = program(l.prog)
+	}
+	return out, errors.Join(err, perr)
+}
+
+// programOf is the program ifindex's pinned link runs; false when no link
+// of an existing device is pinned for it.
+func (r *Registry) programOf(ifindex uint32) (Program, bool, error) {
+	id, live, err := pinnedLinkProgram(r.linkPin(ifindex))
+	if err != nil || !live {
+		return Program{}, false, err
+	}
+	program, err := r.programNamer()
+	return program(id), true, err
+}
+
+// programNamer returns a function describing a program by its ID.
+func (r *Registry) programNamer() (func(ebpf.ProgramID) Program, error) {
+	pinned, err := r.dp.PinnedPrograms()
+	names := make(map[ebpf.ProgramID]string, len(pinned))
+	for _, p := range pinned {
+		if p.ID != 0 {
+			names[p.ID] = p.Name
+		}
+	}
+	current := r.dp.ProgramID()
+	return func(id ebpf.ProgramID) Program {
+		return Program{ID: id, Name: names[id], Current: current != 0 && id == current}
+	}, err
+}
+
+// MoveToCurrentProgram points every existing interface's pinned TCX link at
+// this Datapath's program, in place (bpf_link_update): the kernel swaps the
+// program under the link, so the interface is never without one. Then it
+// unpins the programs under progs/ that no link runs, except its own. A
+// link that cannot be moved stays on its program, which stays pinned; the
+// error names it, and the next call tries again.
+func (r *Registry) MoveToCurrentProgram(ctx context.Context) (ProgramSweep, error) {
+	var sweep ProgramSweep
+	prog := r.dp.Program()
+	current := r.dp.ProgramID()
+	if prog == nil || current == 0 {
+		return sweep, errors.New("move links to the current program: no program loaded")
+	}
+	links, err := r.linkPrograms()
+	errs := []error{err}
+	inUse := map[ebpf.ProgramID]bool{current: true}
+	for _, l := range links {
+		if err := ctx.Err(); err != nil {
+			return sweep, fmt.Errorf("move links to the current program: %w", err)
+		}
+		sweep.Links++
+		if l.prog == current {
+			continue
+		}
+		if err := updateLink(l.pin, prog); err != nil {
+			errs = append(errs, err)
+			inUse[l.prog] = true
+			sweep.Other++
+			continue
+		}
+		sweep.Moved++
+		r.log.Info("tap moved to the current program", "ifindex", l.ifindex, "from_program", l.prog, "to_program", current)
+	}
+	pinned, err := r.dp.PinnedPrograms()
+	errs = append(errs, err)
+	for _, p := range pinned {
+		if p.ID == 0 || inUse[p.ID] {
+			continue // unreadable pins stay: better kept than lost
+		}
+		if err := r.dp.UnpinProgram(p.Name); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		sweep.Unpinned = append(sweep.Unpinned, p.Name)
+		r.log.Info("program no link runs unpinned", "program", p.Name, "id", p.ID)
+	}
+	slices.Sort(sweep.Unpinned)
+	return sweep, errors.Join(errs...)
+}
+
+func updateLink(pin string, prog *ebpf.Program) error {
+	l, err := ciliumlink.LoadPinnedLink(pin, nil)
+	if err != nil {
+		return fmt.Errorf("load tcx link %s: %w", pin, err)
+	}
+	defer l.Close()
+	if err := l.Update(prog); err != nil {
+		return fmt.Errorf("update tcx link %s: %w", pin, err)
+	}
+	return nil
+}
