@@ -507,6 +507,18 @@ func TestTheNodeImageRunsAsTheDaemonSetRunsIt(t *testing.T) {
 		})
 	}
 
+	// The daemon recorded the pins' layout where the init container,
+	// run again (a restart of the pod), checks its plugin against it.
+	if _, err := os.Stat(filepath.Join(hostPaths["run-galactic"], "datapath-layout")); err != nil {
+		t.Fatalf("the daemon recorded no layout for install-cni: %v", err)
+	}
+	initAgain := scene
+	initAgain.containerN, initAgain.extraArgs = "galactic-test-install-cni-again-"+n.ns.Name, nil
+	again := startContainer(t, podmanRun(t, spec, spec.InitContainers[0], initAgain))
+	if err := again.cmd.Wait(); err != nil || !strings.Contains(again.log.String(), "of this build's layout") {
+		t.Fatalf("install-cni over the daemon's pins: %v\n%s", err, again.log.String())
+	}
+
 	first := n.force("")
 	if first.Result != "completed" || !n.exists(stale) || !n.exists(held) {
 		t.Fatalf("first pass: %+v; a pass must only mark (stale present %v)", first, n.exists(stale))

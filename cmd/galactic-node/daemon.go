@@ -53,6 +53,7 @@ type daemonFlags struct {
 	dryRun                                bool
 	maxReclaims                           int
 	bpffs, vrfLockDir, cniDataDir         string
+	layoutRecord                          string
 	adminSocket, adminListen              string
 	adminTLSCert, adminTLSKey, adminToken string
 	adminKubeAuth                         bool
@@ -75,6 +76,7 @@ func daemonFlagSet(f *daemonFlags) *flag.FlagSet {
 	fs.BoolVar(&f.dryRun, "dry-run", false, "compute and report every pass, remove nothing")
 	fs.IntVar(&f.maxReclaims, "max-reclaims-per-pass", 0, "cap on removals per pass, the rest roll over (0: no cap)")
 	fs.StringVar(&f.bpffs, "bpffs", "/sys/fs/bpf", "bpf filesystem; maps are pinned under <bpffs>/galactic")
+	fs.StringVar(&f.layoutRecord, "layout-record", datapath.DefaultLayoutRecord, "where to record the pinned maps' layout once opened, which install-cni checks a new plugin against (empty: none)")
 	fs.StringVar(&f.vrfLockDir, "vrf-lock-dir", vrf.DefaultDir, "folder of the per-VRF lock files shared with the CNI plugin")
 	fs.StringVar(&f.cniDataDir, "cni-data-dir", cnitap.DefaultDataDir, "the CNI plugin's records; each interval the daemon removes those whose tap is gone, which a removed network's GC never would (empty disables)")
 	fs.StringVar(&f.adminSocket, "admin-socket", "/run/galactic/admin.sock", "admin API unix socket, mode 0600, in a folder only its owner may write (empty disables)")
@@ -232,6 +234,11 @@ func runDaemon(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 	defer dp.Close()
 	if err := dp.AdoptProgram(); err != nil {
 		return err
+	}
+	if f.layoutRecord != "" {
+		if err := datapath.RecordLayout(f.layoutRecord); err != nil {
+			return err
+		}
 	}
 	registry := attachreg.New(dp, nil, log)
 	// Taps attached by an earlier build run its rules until moved: before

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"io"
 
+	"github.com/datum-cloud/galactic-node/ebpf/datapath"
 	"github.com/datum-cloud/galactic-node/internal/cli"
 	"github.com/datum-cloud/galactic-node/internal/logging"
 	"github.com/datum-cloud/galactic-node/node/cniinstall"
@@ -35,6 +36,9 @@ func installCNIFlagSet(c *installCNIFlags) *flag.FlagSet {
 	fs.StringVar(&c.SeccompDir, "seccomp-dir", "/host/var/lib/kubelet/seccomp/galactic", "where the kubelet reads Localhost seccomp profiles (empty: none)")
 	fs.StringVar(&c.CLI, "cli", "/usr/local/bin/galactic-node", "the operator CLI (this binary) to install on the host (empty: none)")
 	fs.StringVar(&c.CLIDir, "cli-dir", "/host/opt/galactic/bin", "where on the host the CLI goes, for the runbooks' commands on the node (empty: none)")
+	fs.StringVar(&c.PinDir, "pin-dir", "/host/sys/fs/bpf/"+datapath.PinSubdir,
+		"the host's pinned datapath maps, mounted read-only: with maps pinned there whose recorded layout differs from this build's, nothing is installed (empty: no check)")
+	fs.StringVar(&c.LayoutRecord, "layout-record", "/host"+datapath.DefaultLayoutRecord, "where the daemon recorded the pinned maps' layout (its --layout-record)")
 	fs.StringVar(&c.logFormat, "log-format", "json", "json or text")
 	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
 	return fs
@@ -53,6 +57,14 @@ func runInstallCNI(ctx context.Context, args, environ []string, stdout, stderr i
 	log, err := logging.New(stderr, c.logFormat, c.logLevel)
 	if err != nil {
 		return cli.Misuse(fs.Name(), err)
+	}
+	if c.PinDir != "" {
+		if c.Layout, err = datapath.PinnedLayout(); err != nil {
+			return err
+		}
+		if c.PinnedMaps, err = datapath.PinnedMapNames(); err != nil {
+			return err
+		}
 	}
 	if err := c.Check(); err != nil {
 		return cli.Misuse(fs.Name(), err)

@@ -72,7 +72,21 @@ type Config struct {
 	// CLI is the galactic-node binary, installed into CLIDir so that the
 	// runbooks' commands run on the node itself; both empty installs none.
 	CLI, CLIDir string
+
+	// PinDir is where the node daemon pins the datapath's maps (the
+	// host's /sys/fs/bpf/galactic, mounted read-only), PinnedMaps the
+	// names this build pins there and Layout their layout
+	// (datapath.PinnedLayout); LayoutRecord is the file where the daemon
+	// that pinned them recorded theirs. When maps are pinned and the record
+	// names another layout, nothing is installed (ErrLayoutDiffers): this
+	// build's plugin could not add a tap to them. Empty PinDir: no check.
+	PinDir, LayoutRecord, Layout string
+	PinnedMaps                   []string
 }
+
+// ErrLayoutDiffers: the maps pinned on the node are of another layout than
+// this build's.
+var ErrLayoutDiffers = errors.New("the pinned datapath maps are of another layout than this build's")
 
 // Check refuses a configuration that cannot be what its operator meant,
 // before any file is read.
@@ -88,6 +102,9 @@ func (c Config) Check() error {
 	}
 	if c.IntoConfDir && c.ConfDir == "" {
 		return errors.New("installing the conflist into the runtime's configuration folder needs that folder")
+	}
+	if c.PinDir != "" && c.LayoutRecord == "" {
+		return errors.New("checking the pinned maps' layout needs the file the daemon records it in")
 	}
 	if (c.IntoConfDir || c.MultusConfDir != "") && c.Conflist == "" {
 		return errors.New("installing the conflist needs a conflist")
@@ -139,6 +156,9 @@ func Install(ctx context.Context, c Config, log *slog.Logger) ([]Installed, erro
 		}
 	}
 	if err := checkPlugin(c.Plugin); err != nil {
+		return nil, err
+	}
+	if err := checkLayout(c, log); err != nil {
 		return nil, err
 	}
 	type file struct {
@@ -450,5 +470,48 @@ func syncDir(dir string) error {
 	if err := d.Sync(); err != nil {
 		return fmt.Errorf("sync folder %s: %w", dir, err)
 	}
+	return nil
+}
+
+// checkLayout refuses to replace the installed plugin by one whose maps'
+// layout differs from the pinned maps' as their daemon recorded it: every
+// ADD of this build would then fail on the node, and a rollout would spread
+// that to every node it reached. The old plugin stays, and serves the old
+// pins until the node is drained or rolled back. Without a record (pins of
+// a daemon older than the record) it installs, and says what follows.
+func checkLayout(c Config, log *slog.Logger) error {
+	if c.PinDir == "" {
+		return nil
+	}
+	if c.Layout == "" || len(c.PinnedMaps) == 0 {
+		return errors.New("checking the pinned maps' layout needs this build's layout and map names")
+	}
+	pinned := false
+	for _, name := range c.PinnedMaps {
+		if _, err := os.Stat(filepath.Join(c.PinDir, name)); err == nil {
+			pinned = true
+			break
+		}
+	}
+	if !pinned {
+		log.Info("no datapath map is pinned yet: nothing to check the plugin against", "pins", c.PinDir)
+		return nil
+	}
+	rec, err := os.ReadFile(c.LayoutRecord)
+	if errors.Is(err, fs.ErrNotExist) {
+		log.Warn("maps are pinned but no daemon recorded their layout (a build older than the record pinned them): installing; "+
+			"if the layouts differ, the daemon refuses to start naming the map, ADD fails naming it, DEL still removes taps",
+			"pins", c.PinDir, "record", c.LayoutRecord, "layout", c.Layout)
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("read the pinned maps' layout record: %w", err)
+	}
+	if got := strings.TrimSpace(string(rec)); got != c.Layout {
+		return fmt.Errorf("%w: the maps pinned under %s are of layout %q (recorded in %s), this build's are %q. "+
+			"The plugin installed before stays and serves them. To upgrade this node, move its workloads away, remove %s, and restart this pod; or roll back",
+			ErrLayoutDiffers, c.PinDir, got, c.LayoutRecord, c.Layout, c.PinDir)
+	}
+	log.Info("the pinned maps are of this build's layout", "pins", c.PinDir, "layout", c.Layout)
 	return nil
 }
