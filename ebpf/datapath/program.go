@@ -34,7 +34,7 @@ func (d *Datapath) AdoptProgram() error {
 	pinned, err := ebpf.LoadPinnedProgram(pin, nil)
 	switch {
 	case err == nil:
-		same, err := sameMaps(own, pinned)
+		same, err := d.usesPinnedMaps(pinned)
 		if err != nil {
 			_ = pinned.Close()
 			return fmt.Errorf("adopt program %s: %w", pin, err)
@@ -60,29 +60,66 @@ func (d *Datapath) AdoptProgram() error {
 	return nil
 }
 
-// sameMaps tells whether a and b use the same maps.
-func sameMaps(a, b *ebpf.Program) (bool, error) {
-	ids := func(p *ebpf.Program) ([]ebpf.MapID, error) {
+// usesPinnedMaps tells whether p uses the same pinned maps (row maps and
+// state maps) as this Datapath's own program: a program loaded over maps
+// since removed and made again would judge frames by rows no one writes.
+// Maps private to each load (scratch space) are not compared.
+func (d *Datapath) usesPinnedMaps(p *ebpf.Program) (bool, error) {
+	spec, err := loadDatapath()
+	if err != nil {
+		return false, fmt.Errorf("spec: %w", err)
+	}
+	shared := map[ebpf.MapID]bool{}
+	for name, m := range spec.Maps {
+		pin := filepath.Join(d.pinDir, name)
+		switch {
+		case slices.Contains(stateMapNames, name):
+			pin = filepath.Join(d.pinDir, StateSubdir, name)
+		case m.Pinning != ebpf.PinByName:
+			continue
+		}
+		id, err := pinnedMapID(pin)
+		if err != nil {
+			return false, err
+		}
+		shared[id] = true
+	}
+	sharedOf := func(p *ebpf.Program) ([]ebpf.MapID, error) {
 		info, err := p.Info()
 		if err != nil {
 			return nil, fmt.Errorf("program info: %w", err)
 		}
-		m, ok := info.MapIDs()
+		ids, ok := info.MapIDs()
 		if !ok {
 			return nil, errors.New("the kernel does not report a program's maps")
 		}
-		slices.Sort(m)
-		return m, nil
+		ids = slices.DeleteFunc(ids, func(id ebpf.MapID) bool { return !shared[id] })
+		slices.Sort(ids)
+		return ids, nil
 	}
-	am, err := ids(a)
+	own, err := sharedOf(d.objs.TapIngress)
 	if err != nil {
 		return false, err
 	}
-	bm, err := ids(b)
+	theirs, err := sharedOf(p)
 	if err != nil {
 		return false, err
 	}
-	return slices.Equal(am, bm), nil
+	return slices.Equal(own, theirs), nil
+}
+
+func pinnedMapID(pin string) (ebpf.MapID, error) {
+	m, err := ebpf.LoadPinnedMap(pin, &ebpf.LoadPinOptions{ReadOnly: true})
+	if err != nil {
+		return 0, fmt.Errorf("load pinned map %s: %w", pin, err)
+	}
+	defer func() { _ = m.Close() }()
+	info, err := m.Info()
+	if err != nil {
+		return 0, fmt.Errorf("pinned map %s: info: %w", pin, err)
+	}
+	id, _ := info.ID()
+	return id, nil
 }
 
 // PinnedProgram is one program pinned under ProgramsSubdir.
