@@ -3,6 +3,7 @@ package cnitap
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"github.com/containernetworking/cni/pkg/skel"
 
@@ -14,10 +15,12 @@ import (
 // interface name) ADD recorded, cni.dev/valid-attachments does not list,
 // when nothing holds them, through the one teardown path (the same locks,
 // rechecks and order as the reclaim). It keeps going on errors and reports
-// them all. Only taps this network's ADD recorded are considered: another
-// network's, an unstamped one, or one made before records existed are left
-// to their own network and to the reclaim. A request with no list at all
-// removes nothing, and says so.
+// them all. Only taps this network's ADD recorded are considered, and the
+// one tap of the identity its configuration names when no network recorded
+// it (unrecordedTap: made by a plugin older than the records). Another
+// network's, an unstamped one, or an unrecorded one of an identity given
+// per container (args.cni, CNI_ARGS) are left to their own network and to
+// the reclaim. A request with no list at all removes nothing, and says so.
 func (p *Plugin) GC(args *skel.CmdArgs) error {
 	return p.run(args, cmdGC, p.gc)
 }
@@ -31,14 +34,27 @@ func (p *Plugin) gc(inv *invocation, e *env) error {
 		return nil
 	}
 	valid := map[attachment]bool{}
+	ifNames := map[string][]string{} // by container
 	for _, a := range inv.conf.ValidAttachments {
 		valid[attachment{a.ContainerID, a.IfName}] = true
+		ifNames[a.ContainerID] = append(ifNames[a.ContainerID], a.IfName)
 	}
 	records, err := p.readRecords(inv)
 	if err != nil {
 		return err
 	}
 	var targets []teardown.TapRef
+	var opts teardown.Options
+	if inv.hasIdentity {
+		t, ok, err := p.unrecordedTap(ctx, inv, e, ifNames)
+		if err != nil {
+			return err
+		}
+		if ok {
+			targets = append(targets, teardown.RefOf(t))
+			opts.Recheck = stillUnrecorded{dataDir: inv.conf.DataDir, tap: t.Name}
+		}
+	}
 	for _, r := range records {
 		if valid[attachment{r.ContainerID, r.IfName}] {
 			continue
@@ -64,7 +80,7 @@ func (p *Plugin) gc(inv *invocation, e *env) error {
 	if len(targets) == 0 {
 		return nil
 	}
-	out := e.remover(p.Log).Remove(ctx, targets, teardown.Options{})
+	out := e.remover(p.Log).Remove(ctx, targets, opts)
 	for _, t := range out.Removed {
 		if err := removeRecord(inv.conf.DataDir, inv.conf.Name, t.Name); err != nil {
 			p.Log.Warn("GC left a record", "tap", t.Name, "error", err)
@@ -72,4 +88,69 @@ func (p *Plugin) gc(inv *invocation, e *env) error {
 	}
 	p.Log.Info("GC", "network", inv.conf.Name, "candidates", len(targets), "removed", len(out.Removed), "kept", len(out.Kept), "failed", len(out.Failed))
 	return failures("GC", out)
+}
+
+// unrecordedTap finds the tap of the identity this network's configuration
+// names when it is stamped and no network holds a record of it: a plugin
+// older than the records made it, so no GC would ever see it, and the
+// reclaim keeps it while its identity lives on another node (a migrated
+// VM's). The identity names one tap, and a network whose configuration
+// names that identity is the one that made it. When its stamp is a
+// container this network still lists, the tap gets its record (adopted:
+// from then on it is an ordinary recorded tap); when not, it is returned
+// for removal, through the teardown, which keeps it while held.
+func (p *Plugin) unrecordedTap(ctx context.Context, inv *invocation, e *env, ifNames map[string][]string) (link.Tap, bool, error) {
+	name := inv.identity.TapName()
+	l, err := e.conn.GetByName(ctx, name)
+	if errors.Is(err, link.ErrLinkGone) {
+		return link.Tap{}, false, nil
+	}
+	if err != nil {
+		return link.Tap{}, false, err
+	}
+	t, ok := l.AsTap()
+	if !ok || !t.Stamped() {
+		return link.Tap{}, false, nil
+	}
+	recs, err := recordsOfTap(inv.conf.DataDir, name)
+	if err != nil || len(recs) > 0 {
+		return link.Tap{}, false, err
+	}
+	switch names := ifNames[t.Owner()]; len(names) {
+	case 0:
+		p.Log.Info("GC found a tap made before records whose container this network no longer lists", "network", inv.conf.Name, "tap", name, "stamp", t.Owner())
+		return t, true, nil
+	case 1:
+		r := record{Tap: name, ContainerID: t.Owner(), IfName: names[0]}
+		if err := writeRecord(inv.conf.DataDir, inv.conf.Name, r); err != nil {
+			return link.Tap{}, false, fmt.Errorf("adopt tap %s made before records: %w", name, err)
+		}
+		p.Log.Info("GC recorded a tap made before records", "network", inv.conf.Name, "tap", name, "container", t.Owner(), "ifName", names[0])
+	default:
+		// Which of its interfaces the tap is cannot be told: it stays
+		// unrecorded, and is kept.
+		p.Log.Warn("GC keeps a tap made before records: its container has several interfaces on this network", "network", inv.conf.Name, "tap", name, "stamp", t.Owner())
+	}
+	return link.Tap{}, false, nil
+}
+
+// stillUnrecorded keeps an unrecorded tap that an ADD has recorded since
+// GC read the records: ADD writes its record under the VPC lock the
+// teardown rechecks under.
+type stillUnrecorded struct{ dataDir, tap string }
+
+func (s stillUnrecorded) Recheck(context.Context) error { return nil }
+
+func (s stillUnrecorded) KeepWhy(t teardown.TapRef) string {
+	if t.Name != s.tap {
+		return ""
+	}
+	recs, err := recordsOfTap(s.dataDir, s.tap)
+	switch {
+	case err != nil:
+		return "its records cannot be read: " + err.Error()
+	case len(recs) > 0:
+		return "recorded by network " + recs[0].Network + " since GC read the records"
+	}
+	return ""
 }
