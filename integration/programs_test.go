@@ -113,6 +113,16 @@ func TestTheDaemonMovesEveryTapToItsProgram(t *testing.T) {
 	older := olderProgram(t, h.bpffs, "00000000000000aa")
 	olderID := programID(t, older)
 	runOn(t, h.bpffs, d1.Index, older)
+	// A build older than tap_rules registered d: only the rows its
+	// program read are there.
+	dp := datapathTables(h)
+	want, err := dp.TapRules.Get(d1.Index)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := dp.RemoveRules(d1.Index); err != nil {
+		t.Fatal(err)
+	}
 	olderProgram(t, h.bpffs, "00000000000000bb") // no tap runs it
 	progs := filepath.Join(h.bpffs, datapath.PinSubdir, datapath.ProgramsSubdir)
 
@@ -134,6 +144,13 @@ func TestTheDaemonMovesEveryTapToItsProgram(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(progs, "tap_ingress_"+build)); err == nil {
 			t.Errorf("program tap_ingress_%s is still pinned though no tap runs it", build)
 		}
+	}
+	// Its rows were copied before the move, anti-spoofing off (the older
+	// rows name no address of it).
+	got, err := dp.TapRules.Get(d1.Index)
+	want.Policy.AllowSpoofing, want.MAC, want.Prefixes = true, nil, nil
+	if err != nil || fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("tap_rules of the tap an older build registered: %+v (%v), want %+v", got, err, want)
 	}
 	if !strings.Contains(d.log.String(), "tap moved to the current program") {
 		t.Errorf("the daemon did not log the move:\n%s", d.log.String())

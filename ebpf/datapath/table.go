@@ -146,6 +146,23 @@ func (t *Table[K, V]) Put(k K, v V) error {
 	return nil
 }
 
+// Create writes one row that must not exist yet; an existing one is left
+// as it is and the error wraps ebpf.ErrKeyExist.
+func (t *Table[K, V]) Create(k K, v V) error {
+	rk, err := t.encK(k)
+	if err != nil {
+		return fmt.Errorf("create %s: %w", t.name, err)
+	}
+	rv, err := t.encV(v)
+	if err != nil {
+		return fmt.Errorf("create %s: %w", t.name, err)
+	}
+	if err := t.m.Update(rk, rv, ebpf.UpdateNoExist); err != nil {
+		return fmt.Errorf("create %s: %w", t.name, err)
+	}
+	return nil
+}
+
 // Get reads one row.
 func (t *Table[K, V]) Get(k K) (V, error) {
 	v, err := t.get(k)

@@ -12,6 +12,8 @@ import (
 
 	"github.com/cilium/ebpf"
 	ciliumlink "github.com/cilium/ebpf/link"
+
+	"github.com/datum-cloud/galactic-node/ebpf/datapath"
 )
 
 // Program is the program one interface's pinned TCX link runs.
@@ -28,6 +30,7 @@ type Program struct {
 type ProgramSweep struct {
 	Links    int // pinned links of existing interfaces
 	Moved    int // links moved to the current program
+	Copied   int // of those, interfaces whose rows were copied from an older build's
 	Other    int // links still on another program (a move failed)
 	Unpinned []string
 }
@@ -150,6 +153,18 @@ func (r *Registry) MoveToCurrentProgram(ctx context.Context) (ProgramSweep, erro
 		if l.prog == current {
 			continue
 		}
+		// Make before break: the rows this program reads exist before it
+		// runs on the tap.
+		copied, err := r.copyOlderRows(l.ifindex)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("interface %d: %w", l.ifindex, err))
+			inUse[l.prog] = true
+			sweep.Other++
+			continue
+		}
+		if copied {
+			sweep.Copied++
+		}
 		if err := updateLink(l.pin, prog); err != nil {
 			errs = append(errs, err)
 			inUse[l.prog] = true
@@ -186,4 +201,68 @@ func updateLink(pin string, prog *ebpf.Program) error {
 		return fmt.Errorf("update tcx link %s: %w", pin, err)
 	}
 	return nil
+}
+
+// copyOlderRows writes the tap_rules row of an interface that only a build
+// older than that map registered, from the rows it left (traffic_policy,
+// ifindex_vrf, egress_kind, tenant_gateway, host_only_port): without it this
+// build's program would drop every frame of the interface as unregistered.
+// Those rows name none of the attachment's addresses, so anti-spoofing stays
+// off for it, as it was under the older program, until an ADD registers the
+// interface again. An interface with a tap_rules row, or with no older
+// policy row, is left as it is (false). The row is created, never replaced:
+// an ADD that registers the interface meanwhile wins.
+func (r *Registry) copyOlderRows(ifindex uint32) (bool, error) {
+	d := r.dp
+	_, err := d.TapRules.Get(ifindex)
+	if err == nil {
+		return false, nil
+	}
+	if !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return false, err
+	}
+	policy, err := d.TrafficPolicy.Get(ifindex)
+	if errors.Is(err, ebpf.ErrKeyNotExist) {
+		return false, nil // unregistered: every program drops its frames
+	}
+	if err != nil {
+		return false, err
+	}
+	binding, err := d.IfindexVRF.Get(ifindex)
+	if err != nil {
+		return false, fmt.Errorf("copy an older build's rows: %w", err)
+	}
+	egress, err := d.EgressKind.Get(ifindex)
+	if errors.Is(err, ebpf.ErrKeyNotExist) {
+		egress = datapath.EgressTap
+	} else if err != nil {
+		return false, fmt.Errorf("copy an older build's rows: %w", err)
+	}
+	gateway, err := d.TenantGateway.Get(ifindex)
+	if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return false, fmt.Errorf("copy an older build's rows: %w", err)
+	}
+	ports, err := r.hostPorts(ifindex)
+	if err != nil {
+		return false, fmt.Errorf("copy an older build's rows: %w", err)
+	}
+	policy.AllowSpoofing = true
+	reg := Registration{Identity: IdentityOf(binding.VPC, binding.Attachment), Table: binding.Table, Egress: egress, Policy: policy, Gateway: gateway}
+	for _, p := range ports {
+		reg.HostOnlyPorts = append(reg.HostOnlyPorts, ProtoPort{Protocol: p.Protocol, Port: p.Port})
+	}
+	if err := reg.validate(ifindex); err != nil {
+		return false, fmt.Errorf("copy an older build's rows: %w", err)
+	}
+	if err := d.TapFragments.Ensure(ifindex); err != nil {
+		return false, fmt.Errorf("copy an older build's rows: %w", err)
+	}
+	if err := d.TapRules.Create(ifindex, reg.Rules(ifindex)); errors.Is(err, ebpf.ErrKeyExist) {
+		return false, nil
+	} else if err != nil {
+		return false, fmt.Errorf("copy an older build's rows: %w", err)
+	}
+	r.log.Info("rows of an older build copied for this build's program; anti-spoofing stays off until the tap is added again (no address of it is known)",
+		"ifindex", ifindex, "identity", reg.Identity.String())
+	return true, nil
 }
