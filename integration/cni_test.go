@@ -35,6 +35,7 @@ type cniHost struct {
 	bpffs     string
 	locks     string
 	dataDir   string
+	plugin    string // the plugin binary; empty: this build's
 }
 
 // newCNIHost makes the scene with the node daemon's pins in place, as the
@@ -110,7 +111,11 @@ func (h *cniHost) cni(command, container string, conf []byte) (cniResult, error)
 // command is the built plugin run as a runtime runs it, in the host
 // namespace (ip netns exec execs it: its PID is the plugin's).
 func (h *cniHost) command(command, container string, conf []byte) *exec.Cmd {
-	cmd := exec.Command("ip", "netns", "exec", h.host.Name, tapPlugin)
+	plugin := tapPlugin
+	if h.plugin != "" {
+		plugin = h.plugin
+	}
+	cmd := exec.Command("ip", "netns", "exec", h.host.Name, plugin)
 	cmd.Env = []string{"CNI_COMMAND=" + command, "CNI_CONTAINERID=" + container, "CNI_NETNS=/run/netns/" + h.ctr.Name,
 		"CNI_IFNAME=eth0", "CNI_PATH=/opt/cni/bin", "PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
 	cmd.Stdin = bytes.NewReader(conf)

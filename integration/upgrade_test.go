@@ -2,16 +2,34 @@ package integration
 
 import (
 	"context"
+	be "encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
 
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/datum-cloud/galactic-node/ebpf/datapath"
 	"github.com/datum-cloud/galactic-node/internal/nettest"
+	"github.com/datum-cloud/galactic-node/internal/syncbuf"
+	"github.com/datum-cloud/galactic-node/node/attachreg"
+	"github.com/datum-cloud/galactic-node/node/identity"
+	"github.com/datum-cloud/galactic-node/node/link"
+	"github.com/datum-cloud/galactic-node/node/tun"
 )
 
 // TestInstallCNIRefusesAPluginThatCannotWriteThePins runs the built
@@ -154,4 +172,378 @@ func TestGCRemovesATapMadeBeforeRecordsOnceItsContainerIsGone(t *testing.T) {
 	if _, ok := h.link(tapName("7")); ok {
 		t.Fatal("GC left the recorded tap once its container was gone")
 	}
+}
+
+// previousRelease is the recorded commit the upgrade test starts from, the
+// release before this one's changes to the datapath: its plugin writes no
+// CNI records, its taps have no tap_rules row, and its program lets
+// QinQ-tagged frames and IPv6 destination options to an unlisted gateway
+// port through. Built from source in the test; the clone needs history.
+const previousRelease = "c067dd6afeb25fe83ba5feee123601dd8d580395"
+
+var previous struct {
+	once           sync.Once
+	daemon, plugin string
+	err            error
+}
+
+// previousBuild builds previousRelease's daemon and plugin once per run.
+func previousBuild(t *testing.T) (daemon, plugin string) {
+	t.Helper()
+	previous.once.Do(func() {
+		dir, err := os.MkdirTemp("", "galactic-previous-")
+		if err != nil {
+			previous.err = err
+			return
+		}
+		src := filepath.Join(dir, "src")
+		if err := os.MkdirAll(src, 0o755); err != nil {
+			previous.err = err
+			return
+		}
+		archive := exec.Command("sh", "-c", `git -C .. archive "$1" | tar -x -C "$2"`, "sh", previousRelease, src)
+		if out, err := archive.CombinedOutput(); err != nil {
+			previous.err = fmt.Errorf("the source of %s (a clone with history is needed): %w: %s", previousRelease, err, out)
+			return
+		}
+		previous.daemon, previous.plugin = filepath.Join(dir, "galactic-node"), filepath.Join(dir, "galactic-tap")
+		for bin, pkg := range map[string]string{previous.daemon: "./cmd/galactic-node", previous.plugin: "./cmd/galactic-tap"} {
+			cmd := goBuild("-o", bin, pkg)
+			cmd.Dir = src
+			if out, err := cmd.CombinedOutput(); err != nil {
+				previous.err = fmt.Errorf("build %s of %s: %w: %s", pkg, previousRelease, err, out)
+				return
+			}
+		}
+	})
+	if previous.err != nil {
+		t.Fatal(previous.err)
+	}
+	return previous.daemon, previous.plugin
+}
+
+// startDaemon runs bin as the node daemon of n with exactly args.
+func startDaemon(t *testing.T, n *node, bin string, args ...string) *daemon {
+	t.Helper()
+	d := &daemon{cmd: exec.Command("ip", append([]string{"netns", "exec", n.ns.Name, bin, "run"}, args...)...), log: &syncbuf.Buffer{}, done: make(chan struct{})}
+	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
+	if err := d.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { d.err = d.cmd.Wait(); close(d.done) }()
+	t.Cleanup(func() {
+		_ = d.cmd.Process.Kill()
+		<-d.done
+	})
+	n.ready(t, d)
+	return d
+}
+
+// stop ends d as the kubelet does, and wants a clean exit.
+func (d *daemon) stop(t *testing.T) {
+	t.Helper()
+	_ = d.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-d.done:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the daemon did not stop on SIGTERM:\n%s", d.log)
+	}
+	if d.err != nil {
+		t.Fatalf("the daemon stopped with %v:\n%s", d.err, d.log)
+	}
+}
+
+// The frames the upgrade test judges on every tap, as its VM would send
+// them, and whether the datapath must let each through. The tagged and
+// extension-header ones are those the previous release's program passed.
+type verdictFrame struct {
+	name  string
+	frame func(att uint16) []byte
+	pass  bool
+	want  datapath.Decision
+}
+
+var verdictFrames = []verdictFrame{
+	{"udp4 far", func(a uint16) []byte { return udp4Frame(a, nil, "10.9.0.1", 9999) }, true, datapath.DecisionAllow},
+	{"udp4 to a listed gateway port", func(a uint16) []byte { return udp4Frame(a, nil, "10.10.0.254", 53) }, true, datapath.DecisionHostOnly},
+	{"udp4 to an unlisted gateway port", func(a uint16) []byte { return udp4Frame(a, nil, "10.10.0.254", 9999) }, false, datapath.DecisionDeny},
+	{"QinQ udp4 to an unlisted gateway port", func(a uint16) []byte { return udp4Frame(a, []uint16{0x88a8, 0x8100}, "10.10.0.254", 9999) }, false, datapath.DecisionDeny},
+	{"destination options, udp6 to an unlisted gateway port", func(a uint16) []byte { return udp6DestOptsFrame(a, "fd00:a::fe", 9999) }, false, datapath.DecisionDeny},
+}
+
+// udp4Frame is a UDP datagram from attachment a's address to dst:port,
+// behind the 802.1ad/802.1Q tags of tpids (VLAN 5, 7, ...).
+func udp4Frame(a uint16, tpids []uint16, dst string, port uint16) []byte {
+	src := netip.AddrFrom4([4]byte{10, 10, byte(a >> 8), byte(a)}).As4()
+	d := netip.MustParseAddr(dst).As4()
+	ip := make([]byte, 20+8+4)
+	ip[0], ip[8], ip[9] = 0x45, 64, 17
+	be.BigEndian.PutUint16(ip[2:], uint16(len(ip)))
+	copy(ip[12:], src[:])
+	copy(ip[16:], d[:])
+	be.BigEndian.PutUint16(ip[10:], ^onesSum(ip[:20]))
+	be.BigEndian.PutUint16(ip[20:], 40000)
+	be.BigEndian.PutUint16(ip[22:], port)
+	be.BigEndian.PutUint16(ip[24:], 12)
+	return ethFrame(tpids, 0x0800, ip)
+}
+
+// udp6DestOptsFrame is a UDP datagram from attachment a's IPv6 address to
+// dst:port behind an empty destination options header.
+func udp6DestOptsFrame(a uint16, dst string, port uint16) []byte {
+	src := netip.MustParseAddr(fmt.Sprintf("fd00:a::%x", a)).As16()
+	d := netip.MustParseAddr(dst).As16()
+	p := make([]byte, 40+8+8+4)
+	p[0], p[6], p[7] = 0x60, 60, 64
+	be.BigEndian.PutUint16(p[4:], uint16(len(p)-40))
+	copy(p[8:], src[:])
+	copy(p[24:], d[:])
+	p[40] = 17 // the options' next header; length 0: 8 bytes of PadN
+	p[42], p[43] = 1, 4
+	be.BigEndian.PutUint16(p[48:], 40000)
+	be.BigEndian.PutUint16(p[50:], port)
+	be.BigEndian.PutUint16(p[52:], 12)
+	return ethFrame(nil, 0x86dd, p)
+}
+
+func ethFrame(tpids []uint16, ethertype uint16, payload []byte) []byte {
+	f := []byte{0x02, 0, 0, 0, 0, 0xfe, 0x02, 0, 0, 0, 0, 0x01}
+	for i, tpid := range tpids {
+		f = be.BigEndian.AppendUint16(f, tpid)
+		f = be.BigEndian.AppendUint16(f, uint16(5+2*i))
+	}
+	f = be.BigEndian.AppendUint16(f, ethertype)
+	f = append(f, payload...)
+	for len(f) < 60 {
+		f = append(f, 0)
+	}
+	return f
+}
+
+func onesSum(b []byte) uint16 {
+	var s uint32
+	for i := 0; i+1 < len(b); i += 2 {
+		s += uint32(be.BigEndian.Uint16(b[i:]))
+	}
+	for s > 0xffff {
+		s = s>>16 + s&0xffff
+	}
+	return uint16(s)
+}
+
+// openQueue attaches a queue to the tap called name, in whichever queue
+// mode its plugin made it (the previous release's are multiqueue).
+func openQueue(t *testing.T, h *cniHost, name string) *os.File {
+	t.Helper()
+	f, err := tun.Open(h.host.File, name, tun.Mode{})
+	if err != nil {
+		f, err = tun.Open(h.host.File, name, tun.Mode{SingleQueue: true})
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// judge writes each verdict frame into the tap through q, as its VM would,
+// and checks the decision the datapath counted against the tap's identity.
+func judge(t *testing.T, bpffs string, att string, q *os.File) {
+	t.Helper()
+	dp, err := datapath.OpenPinned(bpffs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dp.Close()
+	id, _ := identity.ParseBase62("a", att)
+	count := func(d datapath.Decision) uint64 {
+		n, err := dp.Decisions.Get(attachreg.DecisionKey(id, d))
+		if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			t.Fatal(err)
+		}
+		return n
+	}
+	for _, f := range verdictFrames {
+		before := count(f.want)
+		if _, err := q.Write(f.frame(uint16(id.Attachment))); err != nil {
+			t.Fatalf("tap %s: write %s: %v", tapName(att), f.name, err)
+		}
+		eventually(t, fmt.Sprintf("tap %s judges %s %s", tapName(att), f.name, f.want), func() (bool, string) {
+			n := count(f.want)
+			return n == before+1, fmt.Sprintf("%s counted %d, was %d", f.want, n, before)
+		})
+	}
+}
+
+// TestUpgradeFromThePreviousReleaseAndBack runs previousRelease's daemon and
+// plugin on a node (a held live tap, an unheld live one, a pending stale
+// one, orphan rows, taps with no record and with a record of the first
+// format), then this build's over the same bpffs, locks, records and
+// inventory, then the previous release's again.
+func TestUpgradeFromThePreviousReleaseAndBack(t *testing.T) {
+	oldDaemon, oldPlugin := previousBuild(t)
+	nettest.RequireTCX(t)
+	h := &cniHost{t: t, host: nettest.NewNS(t), ctr: nettest.NewNS(t), bpffs: nettest.BPFFS(t), dataDir: filepath.Join(t.TempDir(), "cni-state"), plugin: oldPlugin}
+	n := newNodeOn(t, h.host, h.bpffs)
+	h.locks = filepath.Join(n.dir, "locks")
+	live := func(atts ...string) string {
+		var docs []string
+		for _, a := range atts {
+			docs = append(docs, fmt.Sprintf("apiVersion: cloud.datumapis.com/v1alpha1\nkind: VPCAttachment\nmetadata: {name: att-%s, namespace: t}\nstatus: {vpc: a, vpcAttachment: %q}\n", a, a))
+		}
+		return n.writeInventory(docs...)
+	}
+	inventory := live("1", "2")
+	common := []string{"--node-name", "node-a", "--interval", "0", "--bpffs", h.bpffs, "--vrf-lock-dir", h.locks, "--inventory-file", inventory,
+		"--admin-socket", n.socket, "--admin-token-file", n.tokens, "--metrics-listen", "", "--log-format", "text"}
+	ctr := func(att string) string { return strings.Repeat(att, 64) }
+	// Somewhere far to send to, on a node that forwards: judged by the
+	// route lookup whether or not a daemon publishes the host view (the
+	// previous release does not).
+	nettest.Run(t, "ip", "netns", "exec", h.host.Name, "sysctl", "-qw", "net.ipv4.conf.all.forwarding=1", "net.ipv6.conf.all.forwarding=1")
+	h.host.IP(t, "link", "add", "far0", "type", "veth", "peer", "name", "far1")
+	h.host.IP(t, "link", "set", "far1", "up")
+	h.host.IP(t, "link", "set", "far0", "up")
+	h.host.IP(t, "route", "add", "10.9.0.0/16", "dev", "far0")
+	h.host.IP(t, "route", "add", "10.9.0.0/16", "dev", "far0", "table", "1010")
+	conf := func(att string) []byte {
+		return h.conf(att, map[string]any{"gateway": map[string]string{"ipv4": "10.10.0.254", "ipv6": "fd00:a::fe"}})
+	}
+
+	// The previous release: its daemon pins the maps, its plugin adds.
+	d := startDaemon(t, n, oldDaemon, common...)
+	for _, att := range []string{"1", "2", "3", "4"} {
+		h.mustCNI("ADD", ctr(att), conf(att))
+	}
+	held := openQueue(t, h, tapName("1")) // the live VM
+	defer held.Close()
+	// An orphan: the device deleted behind the node's back, its rows and
+	// link pin left.
+	orphan, _ := h.link(tapName("4"))
+	h.host.IP(t, "link", "del", tapName("4"))
+	// A record of the first format (no netns) for tap 2, as a release
+	// between the two would have written it.
+	first, _ := json.Marshal(map[string]string{"tap": tapName("2"), "containerID": ctr("2"), "ifName": "eth0"})
+	if err := os.MkdirAll(filepath.Join(h.dataDir, "galactic"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(h.dataDir, "galactic", tapName("2")), first, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if code, body := n.call(http.MethodPost, "/v1/passes", adminToken); code != http.StatusOK {
+		t.Fatalf("a pass of the previous release: %d %s", code, body)
+	}
+	taps := map[string]link.Link{}
+	for _, att := range []string{"1", "2", "3"} {
+		l, ok := h.link(tapName(att))
+		if !ok {
+			t.Fatalf("the previous release lost tap %s", tapName(att))
+		}
+		taps[att] = l
+	}
+	d.stop(t)
+
+	// The upgrade: this build's daemon and plugin over the same node.
+	h.plugin = tapPlugin
+	d = startDaemon(t, n, binary, append(slices.Clone(common), "--cni-data-dir", h.dataDir, "--min-candidate-age", "0",
+		"--layout-record", filepath.Join(n.dir, "datapath-layout"))...)
+	for att, l := range taps {
+		now, ok := h.link(tapName(att))
+		if !ok || now.Index != l.Index {
+			t.Fatalf("the upgrade lost tap %s", tapName(att))
+		}
+		rows := h.rows(l.Index)
+		for _, m := range []string{"tap_rules", "ifindex_vrf", "traffic_policy", "tenant_gateway", "host_only_port"} {
+			if rows[m] == 0 {
+				t.Errorf("tap %s has no %s row after the upgrade: %v", tapName(att), m, rows)
+			}
+		}
+	}
+	var st struct {
+		Programs struct {
+			Current struct{ ID uint32 } `json:"current"`
+			Links   int                 `json:"links"`
+			OnOther int                 `json:"onOther"`
+		} `json:"programs"`
+	}
+	code, body := n.call(http.MethodGet, "/v1/status", readToken)
+	if err := json.Unmarshal(body, &st); code != http.StatusOK || err != nil || st.Programs.Links != 3 || st.Programs.OnOther != 0 {
+		t.Fatalf("after the upgrade: status %d %s, want 3 taps, all on the daemon's program", code, body)
+	}
+	for att, l := range taps {
+		if got := linkProgramID(t, h.bpffs, l.Index); uint32(got) != st.Programs.Current.ID {
+			t.Errorf("tap %s runs program %d, the daemon's is %d", tapName(att), got, st.Programs.Current.ID)
+		}
+	}
+	judge(t, h.bpffs, "1", held)
+	for _, att := range []string{"2", "3"} {
+		q := openQueue(t, h, tapName(att))
+		judge(t, h.bpffs, att, q)
+		q.Close()
+	}
+	// The pending candidate starts over; the orphan's rows and pin go.
+	if code, body := n.call(http.MethodPost, "/v1/passes", adminToken); code != http.StatusOK {
+		t.Fatalf("a pass after the upgrade: %d %s", code, body)
+	}
+	var pending struct {
+		Items []struct {
+			Tap struct {
+				Name string `json:"name"`
+			} `json:"tap"`
+			Passes int `json:"passes"`
+		} `json:"items"`
+	}
+	code, body = n.call(http.MethodGet, "/v1/taps/pending", readToken)
+	if err := json.Unmarshal(body, &pending); code != http.StatusOK || err != nil || len(pending.Items) != 1 || pending.Items[0].Tap.Name != tapName("3") || pending.Items[0].Passes != 1 {
+		t.Errorf("pending after the upgrade's first pass: %d %s, want %s seen once", code, body, tapName("3"))
+	}
+	if _, ok := h.link(tapName("3")); !ok {
+		t.Fatal("the first pass after the upgrade removed the stale tap: candidates must start over")
+	}
+	// The second removes the stale tap and the orphan's rows, and nothing
+	// else.
+	if code, body := n.call(http.MethodPost, "/v1/passes", adminToken); code != http.StatusOK {
+		t.Fatalf("a second pass after the upgrade: %d %s", code, body)
+	}
+	if _, ok := h.link(tapName("3")); ok {
+		t.Error("the second pass after the upgrade kept the stale tap")
+	}
+	if rows := h.rows(orphan.Index); len(rows) != 0 {
+		t.Errorf("the orphan's rows survived two passes after the upgrade: %v", rows)
+	}
+	// This build's plugin on the previous release's taps: CHECK names what
+	// the older registration lacks, GC keeps the listed ones, DEL removes.
+	if _, err := h.cni("CHECK", ctr("2"), conf("2")); err == nil || !strings.Contains(err.Error(), "tap_rules") {
+		t.Errorf("CHECK of a tap the previous release added: %v, want the tap_rules difference named", err)
+	}
+	h.mustCNI("DEL", ctr("2"), conf("2"))
+	if _, ok := h.link(tapName("2")); ok {
+		t.Fatal("DEL of this build left the previous release's tap")
+	}
+	if _, err := os.Stat(filepath.Join(h.dataDir, "galactic", tapName("2"))); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("DEL left the first-format record: %v", err)
+	}
+	h.mustCNI("ADD", ctr("2"), conf("2"))
+	d.stop(t)
+
+	// The downgrade: the previous release over what this build left.
+	h.plugin = oldPlugin
+	d = startDaemon(t, n, oldDaemon, common...)
+	if code, body := n.call(http.MethodPost, "/v1/passes", adminToken); code != http.StatusOK {
+		t.Fatalf("a pass after the downgrade: %d %s", code, body)
+	}
+	for _, att := range []string{"1", "2"} {
+		if _, ok := h.link(tapName(att)); !ok {
+			t.Fatalf("the downgrade lost live tap %s", tapName(att))
+		}
+	}
+	judge(t, h.bpffs, "1", held)
+	h.mustCNI("DEL", ctr("2"), conf("2"))
+	if _, ok := h.link(tapName("2")); ok {
+		t.Fatal("the previous release's DEL left a tap this build added")
+	}
+	h.mustCNI("ADD", ctr("5"), conf("5"))
+	if _, ok := h.link(tapName("5")); !ok {
+		t.Fatal("the previous release's ADD made no tap after the downgrade")
+	}
+	d.stop(t)
 }
