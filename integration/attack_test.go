@@ -73,10 +73,16 @@ type daemon struct {
 // earlier one). It is killed when t ends.
 func (n *node) run(t *testing.T, extra ...string) *daemon {
 	t.Helper()
-	args := append([]string{"netns", "exec", n.ns.Name, binary, "run", "--node-name", "node-a", "--interval", "0",
+	args := append([]string{"--node-name", "node-a", "--interval", "0",
 		"--admin-socket", n.socket, "--admin-token-file", n.tokens, "--metrics-listen", metricsAddr, "--log-format", "text",
 		"--min-candidate-age", "0"}, n.common()...)
-	d := &daemon{cmd: exec.Command("ip", append(args, extra...)...), log: &syncbuf.Buffer{}, done: make(chan struct{})}
+	return n.spawn(t, binary, append(args, extra...)...)
+}
+
+// spawn runs `bin run args...` in n's namespace; it is killed when t ends.
+func (n *node) spawn(t *testing.T, bin string, args ...string) *daemon {
+	t.Helper()
+	d := &daemon{cmd: exec.Command("ip", append([]string{"netns", "exec", n.ns.Name, bin, "run"}, args...)...), log: &syncbuf.Buffer{}, done: make(chan struct{})}
 	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
 	if err := d.cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -25,7 +25,6 @@ import (
 
 	"github.com/datum-cloud/galactic-node/ebpf/datapath"
 	"github.com/datum-cloud/galactic-node/internal/nettest"
-	"github.com/datum-cloud/galactic-node/internal/syncbuf"
 	"github.com/datum-cloud/galactic-node/node/attachreg"
 	"github.com/datum-cloud/galactic-node/node/identity"
 	"github.com/datum-cloud/galactic-node/node/link"
@@ -222,19 +221,11 @@ func previousBuild(t *testing.T) (daemon, plugin string) {
 	return previous.daemon, previous.plugin
 }
 
-// startDaemon runs bin as the node daemon of n with exactly args.
+// startDaemon runs bin as the node daemon of n with exactly args, and
+// waits for it to be ready.
 func startDaemon(t *testing.T, n *node, bin string, args ...string) *daemon {
 	t.Helper()
-	d := &daemon{cmd: exec.Command("ip", append([]string{"netns", "exec", n.ns.Name, bin, "run"}, args...)...), log: &syncbuf.Buffer{}, done: make(chan struct{})}
-	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
-	if err := d.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { d.err = d.cmd.Wait(); close(d.done) }()
-	t.Cleanup(func() {
-		_ = d.cmd.Process.Kill()
-		<-d.done
-	})
+	d := n.spawn(t, bin, args...)
 	n.ready(t, d)
 	return d
 }
