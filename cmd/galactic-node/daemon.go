@@ -485,7 +485,7 @@ func moveToCurrentProgram(ctx context.Context, registry *attachreg.Registry, log
 	}
 	if sweep.Moved > 0 || len(sweep.Unpinned) > 0 {
 		log.Info("taps run the daemon's program", "program", datapath.ProgramName(), "taps", sweep.Links, "moved", sweep.Moved,
-			"unpinned", sweep.Unpinned)
+			"rows_copied", sweep.Copied, "unpinned", sweep.Unpinned)
 	}
 }
 

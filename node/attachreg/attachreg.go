@@ -378,7 +378,31 @@ func (r *Registry) writeOlderBuildsRows(ifindex uint32, reg Registration) error 
 }
 
 func (r *Registry) linkPin(ifindex uint32) string {
-	return filepath.Join(r.dp.PinDir(), linkPinSubdir, "tcx_ingress_"+strconv.FormatUint(uint64(ifindex), 10))
+	return filepath.Join(r.dp.PinDir(), linkPinSubdir, linkPinPrefix+strconv.FormatUint(uint64(ifindex), 10))
+}
+
+const linkPinPrefix = "tcx_ingress_"
+
+// linkPins lists the TCX link pins this package made, by ifindex.
+func (r *Registry) linkPins() (map[uint32]string, error) {
+	dir := filepath.Join(r.dp.PinDir(), linkPinSubdir)
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("tcx links: %w", err)
+	}
+	out := make(map[uint32]string, len(entries))
+	for _, e := range entries {
+		digits, ok := strings.CutPrefix(e.Name(), linkPinPrefix)
+		n, err := strconv.ParseUint(digits, 10, 32)
+		if !ok || err != nil || n == 0 {
+			continue // not a pin this package made
+		}
+		out[uint32(n)] = filepath.Join(dir, e.Name())
+	}
+	return out, nil
 }
 
 // attach attaches the program to ifindex's TCX ingress and pins the link,
@@ -613,17 +637,12 @@ func (r *Registry) Registered() ([]Registered, error) {
 			get(ifindex).Rows[m.name] = n
 		}
 	}
-	pins, err := os.ReadDir(filepath.Join(r.dp.PinDir(), linkPinSubdir))
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("list registered interfaces: tcx links: %w", err)
+	pins, err := r.linkPins()
+	if err != nil {
+		return nil, fmt.Errorf("list registered interfaces: %w", err)
 	}
-	for _, p := range pins {
-		digits, ok := strings.CutPrefix(p.Name(), "tcx_ingress_")
-		n, err := strconv.ParseUint(digits, 10, 32)
-		if !ok || err != nil || n == 0 {
-			continue // not a pin this package made
-		}
-		get(uint32(n)).Pinned = true
+	for ifindex := range pins {
+		get(ifindex).Pinned = true
 	}
 	out := make([]Registered, 0, len(byIndex))
 	for _, reg := range byIndex {

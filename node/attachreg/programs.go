@@ -1,14 +1,12 @@
 package attachreg
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"slices"
-	"strconv"
-	"strings"
 
 	"github.com/cilium/ebpf"
 	ciliumlink "github.com/cilium/ebpf/link"
@@ -45,32 +43,23 @@ type linkProgram struct {
 // linkPrograms reads every pinned TCX link. Links whose device is gone are
 // left out: the orphan collection removes them.
 func (r *Registry) linkPrograms() ([]linkProgram, error) {
-	dir := filepath.Join(r.dp.PinDir(), linkPinSubdir)
-	entries, err := os.ReadDir(dir)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
+	pins, err := r.linkPins()
 	if err != nil {
-		return nil, fmt.Errorf("list tcx links: %w", err)
+		return nil, err
 	}
 	var out []linkProgram
 	var errs []error
-	for _, e := range entries {
-		digits, ok := strings.CutPrefix(e.Name(), "tcx_ingress_")
-		n, err := strconv.ParseUint(digits, 10, 32)
-		if !ok || err != nil || n == 0 {
-			continue // not a pin this package made
-		}
-		pin := filepath.Join(dir, e.Name())
+	for ifindex, pin := range pins {
 		prog, live, err := pinnedLinkProgram(pin)
 		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
 		if live {
-			out = append(out, linkProgram{ifindex: uint32(n), prog: prog, pin: pin})
+			out = append(out, linkProgram{ifindex: ifindex, prog: prog, pin: pin})
 		}
 	}
+	slices.SortFunc(out, func(a, b linkProgram) int { return cmp.Compare(a.ifindex, b.ifindex) })
 	return out, errors.Join(errs...)
 }
 
