@@ -46,8 +46,10 @@ func TestInstallCNIRefusesAPluginThatCannotWriteThePins(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the daemon recorded no layout: %v", err)
 	}
-	if want, _ := datapath.PinnedLayout(); strings.TrimSpace(string(b)) != want {
-		t.Fatalf("the daemon recorded layout %q, want this build's %q", b, want)
+	layout, _ := datapath.PinnedLayout()
+	shape, _ := datapath.PinnedShape()
+	if got := strings.TrimSpace(string(b)); got != layout+" "+shape {
+		t.Fatalf("the daemon recorded %q, want this build's layout and shape %q", got, layout+" "+shape)
 	}
 	pins := filepath.Join(bpffs, datapath.PinSubdir)
 
@@ -91,6 +93,17 @@ func TestInstallCNIRefusesAPluginThatCannotWriteThePins(t *testing.T) {
 			if !strings.Contains(log, want) {
 				t.Errorf("the refusal does not say %q:\n%s", want, log)
 			}
+		}
+	})
+	t.Run("pins of another capacity", func(t *testing.T) {
+		// The daemon migrates those at start (datapath.Load).
+		other := filepath.Join(t.TempDir(), "datapath-layout")
+		if err := os.WriteFile(other, []byte("v1-000000000000000000000000 "+shape+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		log, plugin, err := install(t, pins, other)
+		if err != nil || plugin == older || !strings.Contains(log, "capacity alone") {
+			t.Fatalf("install-cni over pins of another capacity: %v, plugin replaced %t\n%s", err, plugin != older, log)
 		}
 	})
 	t.Run("pins no daemon recorded", func(t *testing.T) {

@@ -232,6 +232,9 @@ func runDaemon(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 		return err
 	}
 	defer dp.Close()
+	if m := dp.Migrated(); len(m) > 0 {
+		log.Info("pinned maps of another capacity migrated: rows copied into maps of this build's, pins swapped", "maps", m)
+	}
 	if err := dp.AdoptProgram(); err != nil {
 		return err
 	}

@@ -62,6 +62,9 @@ func runInstallCNI(ctx context.Context, args, environ []string, stdout, stderr i
 		if c.Layout, err = datapath.PinnedLayout(); err != nil {
 			return err
 		}
+		if c.Shape, err = datapath.PinnedShape(); err != nil {
+			return err
+		}
 		if c.PinnedMaps, err = datapath.PinnedMapNames(); err != nil {
 			return err
 		}

@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"github.com/cilium/ebpf"
 )
@@ -35,6 +36,8 @@ type Datapath struct {
 	// does not cover every host prefix.
 	hostFilter        []datapathHostBlock
 	hostFilterPartial bool
+	// migrated names the pinned maps Load gave this build's capacity.
+	migrated []string
 
 	IfindexVRF *Table[uint32, VRFBinding]
 	// TapRules is what the program judges frames by. Remove its rows with
@@ -51,8 +54,10 @@ type Datapath struct {
 
 // Load mounts bpffs at bpffs if nothing is mounted there (creating the
 // folder), loads the program, and creates its maps or reuses those already
-// pinned under <bpffs>/galactic. A pinned map whose layout differs from this
-// build's is an error, never silently replaced: it holds live rows. The
+// pinned under <bpffs>/galactic. A pinned map whose capacity alone differs
+// from this build's is migrated: a map of this build's capacity with the
+// same rows takes its pin (Migrated). One whose layout differs otherwise is
+// an error, never silently replaced: it holds live rows. The
 // program's state maps, pinned under <bpffs>/galactic/state and shared by
 // every loaded instance, hold no rows and are replaced instead (state.go).
 func Load(bpffs string) (*Datapath, error) {
@@ -77,7 +82,11 @@ func Load(bpffs string) (*Datapath, error) {
 			m.Close()
 		}
 	}()
-	d := &Datapath{pinDir: pinDir}
+	migrated, err := migrateCapacities(spec, pinDir)
+	if err != nil {
+		return nil, fmt.Errorf("load datapath: %w", err)
+	}
+	d := &Datapath{pinDir: pinDir, migrated: migrated}
 	if err := spec.LoadAndAssign(&d.objs, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: pinDir}, MapReplacements: state}); err != nil {
 		return nil, fmt.Errorf("load datapath from %s: %w", pinDir, incompatible(err))
 	}
@@ -159,6 +168,10 @@ func (d *Datapath) RemoveRules(ifindex uint32) error {
 
 // Close releases this process's handles. Pinned maps, and their rows, stay.
 func (d *Datapath) Close() error { return d.objs.Close() }
+
+// Migrated names the pinned maps Load gave this build's capacity, their
+// rows copied.
+func (d *Datapath) Migrated() []string { return slices.Clone(d.migrated) }
 
 // PinDir is the folder the maps are pinned in.
 func (d *Datapath) PinDir() string { return d.pinDir }

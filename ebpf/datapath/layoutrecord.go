@@ -21,7 +21,14 @@ const DefaultLayoutRecord = "/run/galactic/datapath-layout"
 // PinnedLayout is this build's layout of the pinned maps: a digest of each
 // one's name, type, key and value sizes, capacity, flags and inner map. Two
 // builds whose digests are equal read and write each other's pins.
-func PinnedLayout() (string, error) {
+func PinnedLayout() (string, error) { return layoutDigest(true) }
+
+// PinnedShape is PinnedLayout without the capacities: pins whose shape is
+// this build's but whose layout is not differ by capacity alone, which Load
+// migrates.
+func PinnedShape() (string, error) { return layoutDigest(false) }
+
+func layoutDigest(capacities bool) (string, error) {
 	spec, err := loadDatapath()
 	if err != nil {
 		return "", fmt.Errorf("datapath layout: spec: %w", err)
@@ -31,7 +38,10 @@ func PinnedLayout() (string, error) {
 		if m.Pinning != ebpf.PinByName {
 			continue
 		}
-		line := fmt.Sprintf("%s %s %d %d %d %d", name, m.Type, m.KeySize, m.ValueSize, m.MaxEntries, m.Flags)
+		line := fmt.Sprintf("%s %s %d %d %d", name, m.Type, m.KeySize, m.ValueSize, m.Flags)
+		if capacities {
+			line += fmt.Sprintf(" %d", m.MaxEntries)
+		}
 		if in := m.InnerMap; in != nil {
 			line += fmt.Sprintf(" inner %s %d %d %d %d", in.Type, in.KeySize, in.ValueSize, in.MaxEntries, in.Flags)
 		}
@@ -58,11 +68,15 @@ func PinnedMapNames() ([]string, error) {
 	return names, nil
 }
 
-// RecordLayout writes this build's PinnedLayout to path, written aside and
-// renamed into place. The daemon calls it once Load has opened the pins,
-// which proves them of this layout.
+// RecordLayout writes this build's PinnedLayout and PinnedShape to path,
+// one line, written aside and renamed into place. The daemon calls it once
+// Load has opened the pins, which proves them of this layout.
 func RecordLayout(path string) error {
 	layout, err := PinnedLayout()
+	if err != nil {
+		return err
+	}
+	shape, err := PinnedShape()
 	if err != nil {
 		return err
 	}
@@ -74,7 +88,7 @@ func RecordLayout(path string) error {
 		return fmt.Errorf("record datapath layout: %w", err)
 	}
 	defer func() { _ = os.Remove(tmp.Name()) }()
-	_, werr := tmp.WriteString(layout + "\n")
+	_, werr := tmp.WriteString(layout + " " + shape + "\n")
 	if err := errors.Join(werr, tmp.Chmod(0o644), tmp.Close()); err != nil {
 		return fmt.Errorf("record datapath layout %s: %w", path, err)
 	}

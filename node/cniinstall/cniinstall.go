@@ -75,13 +75,15 @@ type Config struct {
 
 	// PinDir is where the node daemon pins the datapath's maps (the
 	// host's /sys/fs/bpf/galactic, mounted read-only), PinnedMaps the
-	// names this build pins there and Layout their layout
-	// (datapath.PinnedLayout); LayoutRecord is the file where the daemon
-	// that pinned them recorded theirs. When maps are pinned and the record
-	// names another layout, nothing is installed (ErrLayoutDiffers): this
-	// build's plugin could not add a tap to them. Empty PinDir: no check.
-	PinDir, LayoutRecord, Layout string
-	PinnedMaps                   []string
+	// names this build pins there, Layout their layout and Shape their
+	// layout without capacities (datapath.PinnedLayout, PinnedShape);
+	// LayoutRecord is the file where the daemon that pinned them recorded
+	// theirs. When maps are pinned and the record names another layout of
+	// another shape, nothing is installed (ErrLayoutDiffers): this build's
+	// plugin could not add a tap to them, nor its daemon migrate them.
+	// Empty PinDir: no check.
+	PinDir, LayoutRecord, Layout, Shape string
+	PinnedMaps                          []string
 }
 
 // ErrLayoutDiffers: the maps pinned on the node are of another layout than
@@ -507,7 +509,17 @@ func checkLayout(c Config, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("read the pinned maps' layout record: %w", err)
 	}
-	if got := strings.TrimSpace(string(rec)); got != c.Layout {
+	fields := strings.Fields(string(rec))
+	switch {
+	case len(fields) > 0 && fields[0] == c.Layout:
+	case len(fields) > 1 && c.Shape != "" && fields[1] == c.Shape:
+		// The daemon gives them this build's capacities at start, and ADD
+		// fails naming the map until it has.
+		log.Info("the pinned maps differ from this build's in capacity alone: the daemon migrates them at start",
+			"pins", c.PinDir, "recorded", fields[0], "layout", c.Layout)
+		return nil
+	default:
+		got := strings.Join(fields, " ")
 		return fmt.Errorf("%w: the maps pinned under %s are of layout %q (recorded in %s), this build's are %q. "+
 			"The plugin installed before stays and serves them. To upgrade this node, move its workloads away, remove %s, and restart this pod; or roll back",
 			ErrLayoutDiffers, c.PinDir, got, c.LayoutRecord, c.Layout, c.PinDir)
