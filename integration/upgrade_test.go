@@ -25,7 +25,6 @@ import (
 
 	"github.com/datum-cloud/galactic-node/ebpf/datapath"
 	"github.com/datum-cloud/galactic-node/internal/nettest"
-	"github.com/datum-cloud/galactic-node/node/attachreg"
 	"github.com/datum-cloud/galactic-node/node/identity"
 	"github.com/datum-cloud/galactic-node/node/link"
 	"github.com/datum-cloud/galactic-node/node/tun"
@@ -350,18 +349,24 @@ func openQueue(t *testing.T, h *cniHost, name string) *os.File {
 }
 
 // judge writes each verdict frame into the tap through q, as its VM would,
-// and checks the decision the datapath counted against the tap's identity.
+// and checks the decision the datapath counted against the tap's identity,
+// read from the pinned decisions map itself: the other pins may be of
+// another build's layout.
 func judge(t *testing.T, bpffs string, att string, q *os.File) {
 	t.Helper()
-	dp, err := datapath.OpenPinned(bpffs)
+	decisions, err := ebpf.LoadPinnedMap(filepath.Join(bpffs, datapath.PinSubdir, "decisions"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer dp.Close()
+	defer decisions.Close()
 	id, _ := identity.ParseBase62("a", att)
 	count := func(d datapath.Decision) uint64 {
-		n, err := dp.Decisions.Get(attachreg.DecisionKey(id, d))
-		if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		key := make([]byte, 16) // struct decision_key: vpc, attachment, decision, padding
+		be.NativeEndian.PutUint64(key, uint64(id.VPC))
+		be.NativeEndian.PutUint16(key[8:], uint16(id.Attachment))
+		key[10] = byte(d)
+		var n uint64
+		if err := decisions.Lookup(key, &n); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			t.Fatal(err)
 		}
 		return n
@@ -550,4 +555,150 @@ func TestUpgradeFromThePreviousReleaseAndBack(t *testing.T) {
 		t.Fatal("the previous release's ADD made no tap after the downgrade")
 	}
 	d.stop(t)
+}
+
+// shrinkPins makes each named pinned map again at capacity 16 with its rows
+// (as a build with smaller maps would have them), loads the committed
+// program over those maps and the other pins, and points ifindex's link at
+// it: the node as that build left it.
+func shrinkPins(t *testing.T, bpffs string, ifindex uint32, names ...string) {
+	t.Helper()
+	spec, err := ebpf.LoadCollectionSpec("../ebpf/datapath/datapath_bpfel.o")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pinDir := filepath.Join(bpffs, datapath.PinSubdir)
+	small := map[string]*ebpf.Map{}
+	for _, name := range names {
+		ms := spec.Maps[name].Copy()
+		ms.MaxEntries, ms.Pinning = 16, ebpf.PinNone
+		m, err := ebpf.NewMap(ms)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = m.Close() })
+		cur, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, name), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		key := make([]byte, cur.KeySize())
+		var val []byte
+		for it := cur.Iterate(); it.Next(&key, &val); {
+			if name == "tap_fragments" {
+				inner, err := ebpf.NewMapFromID(ebpf.MapID(be.NativeEndian.Uint32(val)))
+				if err != nil {
+					t.Fatal(err)
+				}
+				err = m.Put(key, inner)
+				_ = inner.Close()
+				if err != nil {
+					t.Fatal(err)
+				}
+				continue
+			}
+			v := make([]byte, cur.ValueSize())
+			flags := ebpf.MapLookupFlags(0)
+			if name == "tap_rules" {
+				flags = ebpf.LookupLock
+			}
+			if err := cur.LookupWithFlags(key, &v, flags); err != nil {
+				t.Fatal(err)
+			}
+			if err := m.Put(key, v); err != nil {
+				t.Fatal(err)
+			}
+		}
+		_ = cur.Close()
+		small[name] = m
+		spec.Maps[name].MaxEntries = 16 // the older build's
+	}
+	var objs struct {
+		Program *ebpf.Program `ebpf:"tap_ingress"`
+	}
+	for name, ms := range spec.Maps {
+		if ms.Pinning != ebpf.PinByName {
+			continue
+		}
+		if _, ok := small[name]; ok {
+			continue
+		}
+		m, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, name), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = m.Close() })
+		small[name] = m
+	}
+	if err := spec.LoadAndAssign(&objs, &ebpf.CollectionOptions{MapReplacements: small}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = objs.Program.Close() })
+	if err := objs.Program.Pin(filepath.Join(pinDir, datapath.ProgramsSubdir, "tap_ingress_00000000000000ee")); err != nil {
+		t.Fatal(err)
+	}
+	runOn(t, bpffs, ifindex, objs.Program)
+	for _, name := range names {
+		pin := filepath.Join(pinDir, name)
+		if err := os.Remove(pin); err != nil {
+			t.Fatal(err)
+		}
+		if err := small[name].Pin(pin); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestTheDaemonMigratesPinsOfAnotherCapacityUnderALiveTap: a build whose
+// row maps were smaller left a held tap judged by its program over those
+// maps. This build's daemon gives them its capacities with every row and
+// moves the tap to its program: the tap is judged by its rows before and
+// after, and this build's plugin reads the migrated pins.
+func TestTheDaemonMigratesPinsOfAnotherCapacityUnderALiveTap(t *testing.T) {
+	h := newCNIHost(t)
+	nettest.Run(t, "ip", "netns", "exec", h.host.Name, "sysctl", "-qw", "net.ipv4.conf.all.forwarding=1", "net.ipv6.conf.all.forwarding=1")
+	h.host.IP(t, "link", "add", "far0", "type", "veth", "peer", "name", "far1")
+	h.host.IP(t, "link", "set", "far1", "up")
+	h.host.IP(t, "link", "set", "far0", "up")
+	h.host.IP(t, "route", "add", "10.9.0.0/16", "dev", "far0")
+	conf := h.conf("1", map[string]any{"gateway": map[string]string{"ipv4": "10.10.0.254", "ipv6": "fd00:a::fe"}})
+	h.mustCNI("ADD", ctrA, conf)
+	l, _ := h.link(tapName("1"))
+	vm := openQueue(t, h, tapName("1")) // the live VM
+	defer vm.Close()
+	shrinkPins(t, h.bpffs, l.Index, "ifindex_vrf", "tap_rules", "tap_fragments")
+	judge(t, h.bpffs, "1", vm)
+
+	n := newNodeOn(t, h.host, h.bpffs)
+	d := n.run(t, "--inventory-file", n.writeInventory(liveAttachment), "--layout-record", filepath.Join(n.dir, "datapath-layout"))
+	n.ready(t, d)
+	if !strings.Contains(d.log.String(), "pinned maps of another capacity migrated") {
+		t.Errorf("the daemon did not say it migrated the pins:\n%s", d.log)
+	}
+	for _, name := range []string{"ifindex_vrf", "tap_rules", "tap_fragments"} {
+		m, err := ebpf.LoadPinnedMap(filepath.Join(h.bpffs, datapath.PinSubdir, name), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.MaxEntries() == 16 {
+			t.Errorf("%s still has the older capacity", name)
+		}
+		_ = m.Close()
+	}
+	var st struct {
+		Programs struct {
+			Links   int `json:"links"`
+			OnOther int `json:"onOther"`
+		} `json:"programs"`
+	}
+	code, body := n.call(http.MethodGet, "/v1/status", readToken)
+	if err := json.Unmarshal(body, &st); code != http.StatusOK || err != nil || st.Programs.Links != 1 || st.Programs.OnOther != 0 {
+		t.Fatalf("status after the migration: %d %s, want the tap on the daemon's program", code, body)
+	}
+	judge(t, h.bpffs, "1", vm)
+	// This build's plugin reads the migrated pins.
+	h.mustCNI("CHECK", ctrA, conf)
+	h.mustCNI("DEL", ctrA, conf)
+	if _, ok := h.link(tapName("1")); ok {
+		t.Fatal("DEL over the migrated pins left the tap")
+	}
 }
