@@ -126,39 +126,32 @@ func (t *Table[K, V]) Map() *ebpf.Map { return t.m }
 
 // Put writes one row.
 func (t *Table[K, V]) Put(k K, v V) error {
-	rk, err := t.encK(k)
-	if err != nil {
-		return fmt.Errorf("put %s: %w", t.name, err)
-	}
-	rv, err := t.encV(v)
-	if err != nil {
-		return fmt.Errorf("put %s: %w", t.name, err)
-	}
 	flags := ebpf.UpdateAny
 	if t.locked {
 		// In place when the row exists: a replaced element would go back
 		// to the map's free list under a reader.
 		flags |= ebpf.UpdateLock
 	}
-	if err := t.m.Update(rk, rv, flags); err != nil {
-		return fmt.Errorf("put %s: %w", t.name, err)
-	}
-	return nil
+	return t.write("put", k, v, flags)
 }
 
 // Create writes one row that must not exist yet; an existing one is left
 // as it is and the error wraps ebpf.ErrKeyExist.
 func (t *Table[K, V]) Create(k K, v V) error {
+	return t.write("create", k, v, ebpf.UpdateNoExist)
+}
+
+func (t *Table[K, V]) write(op string, k K, v V, flags ebpf.MapUpdateFlags) error {
 	rk, err := t.encK(k)
 	if err != nil {
-		return fmt.Errorf("create %s: %w", t.name, err)
+		return fmt.Errorf("%s %s: %w", op, t.name, err)
 	}
 	rv, err := t.encV(v)
 	if err != nil {
-		return fmt.Errorf("create %s: %w", t.name, err)
+		return fmt.Errorf("%s %s: %w", op, t.name, err)
 	}
-	if err := t.m.Update(rk, rv, ebpf.UpdateNoExist); err != nil {
-		return fmt.Errorf("create %s: %w", t.name, err)
+	if err := t.m.Update(rk, rv, flags); err != nil {
+		return fmt.Errorf("%s %s: %w", op, t.name, err)
 	}
 	return nil
 }
