@@ -45,8 +45,11 @@ func TestInstallCNIRefusesAPluginThatCannotWriteThePins(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the daemon recorded no layout: %v", err)
 	}
-	layout, _ := datapath.PinnedLayout()
-	shape, _ := datapath.PinnedShape()
+	this, err := datapath.ThisBuildsPins()
+	if err != nil {
+		t.Fatal(err)
+	}
+	layout, shape := this.Layout, this.Shape
 	if got := strings.TrimSpace(string(b)); got != layout+" "+shape {
 		t.Fatalf("the daemon recorded %q, want this build's layout and shape %q", got, layout+" "+shape)
 	}

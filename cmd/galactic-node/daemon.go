@@ -245,7 +245,7 @@ func runDaemon(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 	}
 	registry := attachreg.New(dp, nil, log)
 	// Taps attached by an earlier build run its rules until moved: before
-	// anything else, and after every pass (afterPasses).
+	// anything else, and after every pass (afterEachPass).
 	moveToCurrentProgram(ctx, registry, log)
 	// Subscribed before anything runs, so that no change made after the
 	// program's first cached answer goes unread.
@@ -439,7 +439,12 @@ func runDaemon(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 	})
 	wg.Go(func() { reclaimer.Run(ctx, f.interval) })
 	wg.Go(func() {
-		afterPasses(ctx, passDone, func() {
+		// The move ran at start, before the servers; the records are
+		// collected at start here.
+		if f.cniDataDir != "" {
+			collectRecords(ctx, f.cniDataDir, conn, locks, log)
+		}
+		afterEachPass(ctx, passDone, func() {
 			moveToCurrentProgram(ctx, registry, log)
 			if f.cniDataDir != "" {
 				collectRecords(ctx, f.cniDataDir, conn, locks, log)
@@ -465,15 +470,15 @@ func runDaemon(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 	return nil
 }
 
-// afterPasses runs job at start and after each pass, until ctx ends.
-func afterPasses(ctx context.Context, passDone <-chan struct{}, job func()) {
+// afterEachPass runs job after each pass, until ctx ends.
+func afterEachPass(ctx context.Context, passDone <-chan struct{}, job func()) {
 	for {
-		job()
 		select {
 		case <-ctx.Done():
 			return
 		case <-passDone:
 		}
+		job()
 	}
 }
 

@@ -59,15 +59,11 @@ func runInstallCNI(ctx context.Context, args, environ []string, stdout, stderr i
 		return cli.Misuse(fs.Name(), err)
 	}
 	if c.PinDir != "" {
-		if c.Layout, err = datapath.PinnedLayout(); err != nil {
+		pins, err := datapath.ThisBuildsPins()
+		if err != nil {
 			return err
 		}
-		if c.Shape, err = datapath.PinnedShape(); err != nil {
-			return err
-		}
-		if c.PinnedMaps, err = datapath.PinnedMapNames(); err != nil {
-			return err
-		}
+		c.Layout, c.Shape, c.PinnedMaps = pins.Layout, pins.Shape, pins.Maps
 	}
 	if err := c.Check(); err != nil {
 		return cli.Misuse(fs.Name(), err)

@@ -18,65 +18,57 @@ import (
 // write them, without bpf(2), which its container may not call.
 const DefaultLayoutRecord = "/run/galactic/datapath-layout"
 
-// PinnedLayout is this build's layout of the pinned maps: a digest of each
-// one's name, type, key and value sizes, capacity, flags and inner map. Two
-// builds whose digests are equal read and write each other's pins.
-func PinnedLayout() (string, error) { return layoutDigest(true) }
+// Pins describes the maps this build pins under PinSubdir.
+type Pins struct {
+	// Layout digests each map's name, type, key and value sizes, capacity,
+	// flags and inner map: two builds whose layouts are equal read and
+	// write each other's pins.
+	Layout string
+	// Shape is Layout without the capacities: pins whose shape is this
+	// build's but whose layout is not differ by capacity alone, which Load
+	// migrates.
+	Shape string
+	Maps  []string // their names, sorted
+}
 
-// PinnedShape is PinnedLayout without the capacities: pins whose shape is
-// this build's but whose layout is not differ by capacity alone, which Load
-// migrates.
-func PinnedShape() (string, error) { return layoutDigest(false) }
-
-func layoutDigest(capacities bool) (string, error) {
+// ThisBuildsPins describes the maps this build pins, from one read of its
+// object.
+func ThisBuildsPins() (Pins, error) {
 	spec, err := loadDatapath()
 	if err != nil {
-		return "", fmt.Errorf("datapath layout: spec: %w", err)
+		return Pins{}, fmt.Errorf("datapath pins: spec: %w", err)
 	}
-	var lines []string
+	var p Pins
+	var layout, shape []string
 	for name, m := range spec.Maps {
 		if m.Pinning != ebpf.PinByName {
 			continue
 		}
+		p.Maps = append(p.Maps, name)
 		line := fmt.Sprintf("%s %s %d %d %d", name, m.Type, m.KeySize, m.ValueSize, m.Flags)
-		if capacities {
-			line += fmt.Sprintf(" %d", m.MaxEntries)
-		}
+		inner := ""
 		if in := m.InnerMap; in != nil {
-			line += fmt.Sprintf(" inner %s %d %d %d %d", in.Type, in.KeySize, in.ValueSize, in.MaxEntries, in.Flags)
+			inner = fmt.Sprintf(" inner %s %d %d %d %d", in.Type, in.KeySize, in.ValueSize, in.MaxEntries, in.Flags)
 		}
-		lines = append(lines, line)
+		layout = append(layout, fmt.Sprintf("%s %d%s", line, m.MaxEntries, inner))
+		shape = append(shape, line+inner)
 	}
+	slices.Sort(p.Maps)
+	p.Layout, p.Shape = digest(layout), digest(shape)
+	return p, nil
+}
+
+func digest(lines []string) string {
 	slices.Sort(lines)
 	sum := sha256.Sum256([]byte(strings.Join(lines, "\n")))
-	return "v1-" + hex.EncodeToString(sum[:12]), nil
+	return "v1-" + hex.EncodeToString(sum[:12])
 }
 
-// PinnedMapNames names the maps this build pins under PinSubdir.
-func PinnedMapNames() ([]string, error) {
-	spec, err := loadDatapath()
-	if err != nil {
-		return nil, fmt.Errorf("datapath maps: spec: %w", err)
-	}
-	var names []string
-	for name, m := range spec.Maps {
-		if m.Pinning == ebpf.PinByName {
-			names = append(names, name)
-		}
-	}
-	slices.Sort(names)
-	return names, nil
-}
-
-// RecordLayout writes this build's PinnedLayout and PinnedShape to path,
+// RecordLayout writes this build's Pins.Layout and Pins.Shape to path,
 // one line, written aside and renamed into place. The daemon calls it once
 // Load has opened the pins, which proves them of this layout.
 func RecordLayout(path string) error {
-	layout, err := PinnedLayout()
-	if err != nil {
-		return err
-	}
-	shape, err := PinnedShape()
+	pins, err := ThisBuildsPins()
 	if err != nil {
 		return err
 	}
@@ -88,7 +80,7 @@ func RecordLayout(path string) error {
 		return fmt.Errorf("record datapath layout: %w", err)
 	}
 	defer func() { _ = os.Remove(tmp.Name()) }()
-	_, werr := tmp.WriteString(layout + " " + shape + "\n")
+	_, werr := tmp.WriteString(pins.Layout + " " + pins.Shape + "\n")
 	if err := errors.Join(werr, tmp.Chmod(0o644), tmp.Close()); err != nil {
 		return fmt.Errorf("record datapath layout %s: %w", path, err)
 	}

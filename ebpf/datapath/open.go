@@ -85,7 +85,7 @@ func LoadPinned(bpffs string) (*Datapath, error) {
 // programPinName names this build's program by the hash of its object.
 func programPinName() string {
 	sum := sha256.Sum256(_DatapathBytes)
-	return filepath.Join(ProgramsSubdir, "tap_ingress_"+hex.EncodeToString(sum[:8]))
+	return filepath.Join(ProgramsSubdir, programPinPrefix+hex.EncodeToString(sum[:8]))
 }
 
 // pinnedDir checks that bpffs is a bpf filesystem holding every map of spec

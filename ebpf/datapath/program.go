@@ -15,6 +15,10 @@ import (
 // that attached taps: tap_ingress_<first 8 bytes of the object's SHA-256>.
 const ProgramsSubdir = "progs"
 
+// programPinPrefix begins the name of every program pin under
+// ProgramsSubdir.
+const programPinPrefix = "tap_ingress_"
+
 // ProgramName is the pin name of this build's program, which names its
 // build: the same on every node that runs the same object.
 func ProgramName() string { return filepath.Base(programPinName()) }
@@ -142,7 +146,7 @@ func (d *Datapath) PinnedPrograms() ([]PinnedProgram, error) {
 	var out []PinnedProgram
 	var errs []error
 	for _, e := range entries {
-		if !strings.HasPrefix(e.Name(), "tap_ingress_") {
+		if !strings.HasPrefix(e.Name(), programPinPrefix) {
 			continue
 		}
 		p := PinnedProgram{Name: e.Name()}
@@ -173,7 +177,7 @@ func pinnedProgramID(pin string) (ebpf.ProgramID, error) {
 // UnpinProgram removes the pin called name under ProgramsSubdir. The
 // program lives on while a link or a process holds it.
 func (d *Datapath) UnpinProgram(name string) error {
-	if !strings.HasPrefix(name, "tap_ingress_") || strings.ContainsRune(name, '/') {
+	if !strings.HasPrefix(name, programPinPrefix) || strings.ContainsRune(name, '/') {
 		return fmt.Errorf("unpin program %q: not a program pin", name)
 	}
 	if err := os.Remove(filepath.Join(d.pinDir, ProgramsSubdir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {

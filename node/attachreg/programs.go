@@ -134,6 +134,7 @@ func (r *Registry) MoveToCurrentProgram(ctx context.Context) (ProgramSweep, erro
 	links, err := r.linkPrograms()
 	errs := []error{err}
 	inUse := map[ebpf.ProgramID]bool{current: true}
+	ports := &hostPortIndex{dp: r.dp}
 	for _, l := range links {
 		if err := ctx.Err(); err != nil {
 			return sweep, fmt.Errorf("move links to the current program: %w", err)
@@ -144,7 +145,7 @@ func (r *Registry) MoveToCurrentProgram(ctx context.Context) (ProgramSweep, erro
 		}
 		// Make before break: the rows this program reads exist before it
 		// runs on the tap.
-		copied, err := r.copyOlderRows(l.ifindex)
+		copied, err := r.copyOlderRows(l.ifindex, ports)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("interface %d: %w", l.ifindex, err))
 			inUse[l.prog] = true
@@ -201,7 +202,7 @@ func updateLink(pin string, prog *ebpf.Program) error {
 // interface again. An interface with a tap_rules row, or with no older
 // policy row, is left as it is (false). The row is created, never replaced:
 // an ADD that registers the interface meanwhile wins.
-func (r *Registry) copyOlderRows(ifindex uint32) (bool, error) {
+func (r *Registry) copyOlderRows(ifindex uint32, ports *hostPortIndex) (bool, error) {
 	d := r.dp
 	_, err := d.TapRules.Get(ifindex)
 	if err == nil {
@@ -231,13 +232,13 @@ func (r *Registry) copyOlderRows(ifindex uint32) (bool, error) {
 	if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return false, fmt.Errorf("copy an older build's rows: %w", err)
 	}
-	ports, err := r.hostPorts(ifindex)
+	hostPorts, err := ports.of(ifindex)
 	if err != nil {
 		return false, fmt.Errorf("copy an older build's rows: %w", err)
 	}
 	policy.AllowSpoofing = true
 	reg := Registration{Identity: IdentityOf(binding.VPC, binding.Attachment), Table: binding.Table, Egress: egress, Policy: policy, Gateway: gateway}
-	for _, p := range ports {
+	for _, p := range hostPorts {
 		reg.HostOnlyPorts = append(reg.HostOnlyPorts, ProtoPort{Protocol: p.Protocol, Port: p.Port})
 	}
 	if err := reg.validate(ifindex); err != nil {
@@ -254,4 +255,28 @@ func (r *Registry) copyOlderRows(ifindex uint32) (bool, error) {
 	r.log.Info("rows of an older build copied for this build's program; anti-spoofing stays off until the tap is added again (no address of it is known)",
 		"ifindex", ifindex, "identity", reg.Identity.String())
 	return true, nil
+}
+
+// hostPortIndex is the host_only_port map by ifindex, dumped once on first
+// use: host_only_port is keyed by (ifindex, protocol, port), so one
+// interface's rows are a walk, which a sweep over many taps does once.
+type hostPortIndex struct {
+	dp     *datapath.Datapath
+	byTap  map[uint32][]datapath.HostPort
+	dumped bool
+}
+
+func (x *hostPortIndex) of(ifindex uint32) ([]datapath.HostPort, error) {
+	if !x.dumped {
+		rows, err := x.dp.HostOnlyPort.Dump(0)
+		if err != nil {
+			return nil, err
+		}
+		x.byTap = make(map[uint32][]datapath.HostPort)
+		for _, row := range rows {
+			x.byTap[row.Key.Ifindex] = append(x.byTap[row.Key.Ifindex], row.Key)
+		}
+		x.dumped = true
+	}
+	return x.byTap[ifindex], nil
 }

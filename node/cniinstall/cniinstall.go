@@ -76,7 +76,7 @@ type Config struct {
 	// PinDir is where the node daemon pins the datapath's maps (the
 	// host's /sys/fs/bpf/galactic, mounted read-only), PinnedMaps the
 	// names this build pins there, Layout their layout and Shape their
-	// layout without capacities (datapath.PinnedLayout, PinnedShape);
+	// layout without capacities (datapath.ThisBuildsPins);
 	// LayoutRecord is the file where the daemon that pinned them recorded
 	// theirs. When maps are pinned and the record names another layout of
 	// another shape, nothing is installed (ErrLayoutDiffers): this build's
