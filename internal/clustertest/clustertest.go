@@ -9,8 +9,11 @@
 package clustertest
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -24,9 +27,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	"sigs.k8s.io/yaml"
 )
 
 // Cluster is a running API server.
@@ -76,6 +81,97 @@ func Start(t testing.TB) *Cluster {
 // flags before it starts (a test's --token-auth-file, say).
 func StartWith(t testing.TB, configure func(*envtest.APIServer)) *Cluster {
 	t.Helper()
+	return start(t, configure, filepath.Join(repoRoot(), "deploy", "crds"))
+}
+
+// StartUnvalidated starts a cluster of its own (the caller stops it,
+// Env.Stop) whose CRDs are deploy/crds with every x-kubernetes-validations
+// rule stripped, and which has no ValidatingAdmissionPolicy: the cluster of
+// an operator whose VPCAttachment and BGPAdvertisement CRDs are another
+// system's. Tenants can create objects there that the node daemon cannot
+// read (a status.vpc above 2^48-1, an advertisement named "a-b-c"), which is
+// what tests of the daemon's tolerance, and of deploy/admission, need.
+func StartUnvalidated(t testing.TB) *Cluster {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "galactic-crds-unvalidated-")
+	if err != nil {
+		t.Fatalf("unvalidated CRDs: %v", err)
+	}
+	// The API server keeps installed CRDs in etcd, across restarts too, so
+	// the copies are needed only until the cluster has started.
+	defer os.RemoveAll(dir)
+	if err := writeUnvalidatedCRDs(filepath.Join(repoRoot(), "deploy", "crds"), dir); err != nil {
+		t.Fatalf("unvalidated CRDs: %v", err)
+	}
+	return start(t, nil, dir)
+}
+
+// writeUnvalidatedCRDs copies every CustomResourceDefinition in the YAML
+// files of src to dst with x-kubernetes-validations removed at every depth;
+// other documents (kustomization.yaml) are left out.
+func writeUnvalidatedCRDs(src, dst string) error {
+	files, err := filepath.Glob(filepath.Join(src, "*.yaml"))
+	if err != nil {
+		return fmt.Errorf("list %s: %w", src, err)
+	}
+	n := 0
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			return fmt.Errorf("read CRD file: %w", err)
+		}
+		docs := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
+		for i := 0; ; i++ {
+			doc, err := docs.Read()
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				return fmt.Errorf("read %s: %w", f, err)
+			}
+			var obj map[string]any
+			if err := yaml.Unmarshal(doc, &obj); err != nil {
+				return fmt.Errorf("decode %s document %d: %w", f, i, err)
+			}
+			if obj["kind"] != "CustomResourceDefinition" {
+				continue
+			}
+			stripValidations(obj)
+			out, err := yaml.Marshal(obj)
+			if err != nil {
+				return fmt.Errorf("encode %s document %d: %w", f, i, err)
+			}
+			name := fmt.Sprintf("%d-%s", i, filepath.Base(f))
+			if err := os.WriteFile(filepath.Join(dst, name), out, 0o644); err != nil {
+				return fmt.Errorf("write unvalidated copy of %s: %w", f, err)
+			}
+			n++
+		}
+	}
+	if n == 0 {
+		return fmt.Errorf("no CustomResourceDefinition in %s", src)
+	}
+	return nil
+}
+
+// stripValidations deletes every x-kubernetes-validations key under v.
+func stripValidations(v any) {
+	switch v := v.(type) {
+	case map[string]any:
+		delete(v, "x-kubernetes-validations")
+		for _, child := range v {
+			stripValidations(child)
+		}
+	case []any:
+		for _, child := range v {
+			stripValidations(child)
+		}
+	}
+}
+
+// start starts a cluster with the CRDs of crdDir and prometheus-operator's.
+func start(t testing.TB, configure func(*envtest.APIServer), crdDir string) *Cluster {
+	t.Helper()
 	assets := os.Getenv("KUBEBUILDER_ASSETS")
 	if assets == "" || !exists(filepath.Join(assets, "kube-apiserver")) || !exists(filepath.Join(assets, "etcd")) {
 		msg := "needs a kube-apiserver and etcd: run `make test`, or KUBEBUILDER_ASSETS=$(hack/testbin.sh) go test ..."
@@ -94,7 +190,7 @@ func StartWith(t testing.TB, configure func(*envtest.APIServer)) *Cluster {
 		// PodMonitors and PrometheusRule are checked against the schemas an
 		// operator's cluster serves (testdata/prometheus-operator/README.md).
 		CRDDirectoryPaths: []string{
-			filepath.Join(repoRoot(), "deploy", "crds"),
+			crdDir,
 			filepath.Join(repoRoot(), "internal", "clustertest", "testdata", "prometheus-operator"),
 		},
 		ErrorIfCRDPathMissing: true,
