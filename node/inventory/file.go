@@ -20,8 +20,9 @@ import (
 // read again whenever its size, modification time or inode changes. A
 // document of another kind, or one that does not parse, makes the snapshot
 // unhealthy with an error naming the document, so nothing is removed on a
-// file that was half written or mistyped; so does an object whose identity
-// fields do not parse (ErrMalformedObject). Fields are read as the text
+// file that was half written or mistyped. An object whose identity fields do
+// not parse is listed as malformed and blocks only what it could denote, as
+// in the cluster. Fields are read as the text
 // written, as the API server would keep them.
 type File struct {
 	path string

@@ -38,6 +38,7 @@ type Index struct {
 	mu      sync.Mutex
 	objects map[ObjectRef][]identity.Identity // every object held, carrying or not
 	why     map[ObjectRef]string              // the malformed ones, and what did not parse
+	holds   map[ObjectRef][]identity.VPC      // the malformed ones that still name VPCs
 
 	base  map[identity.Identity][]ObjectRef // frozen once built; shared with snapshots
 	delta map[identity.Identity][]ObjectRef // changed since base; empty list: uncarried now
@@ -56,6 +57,7 @@ func NewIndex() *Index {
 	return &Index{
 		objects: make(map[ObjectRef][]identity.Identity),
 		why:     make(map[ObjectRef]string),
+		holds:   make(map[ObjectRef][]identity.VPC),
 		base:    make(map[identity.Identity][]ObjectRef),
 		delta:   make(map[identity.Identity][]ObjectRef),
 	}
@@ -67,7 +69,7 @@ func (x *Index) Set(o Object) {
 	defer x.mu.Unlock()
 	if old, ok := x.objects[o.Ref]; ok && slices.Equal(old, o.Identities) {
 		why, bad := x.why[o.Ref]
-		if bad == o.Malformed && why == o.Reason {
+		if bad == o.Malformed && why == o.Reason && slices.Equal(x.holds[o.Ref], o.Holds) {
 			// A relist or a status write that left the identity alone:
 			// nothing a snapshot shows changed.
 			return
@@ -100,7 +102,7 @@ func (x *Index) Get(ref ObjectRef) (Object, bool) {
 		return Object{}, false
 	}
 	why, bad := x.why[ref]
-	return Object{Ref: ref, Identities: slices.Clone(ids), Malformed: bad, Reason: why}, true
+	return Object{Ref: ref, Identities: slices.Clone(ids), Malformed: bad, Reason: why, Holds: slices.Clone(x.holds[ref])}, true
 }
 
 // Refs lists the objects of kind held.
@@ -131,10 +133,13 @@ func (x *Index) Snapshot(synced bool, readErr error) Snapshot {
 			identities:     x.identities,
 		}
 		if x.snap != nil && x.badSnapAt == x.badAt {
-			s.Malformed, s.MalformedWhy = x.snap.Malformed, x.snap.MalformedWhy
+			s.Malformed, s.MalformedWhy, s.held = x.snap.Malformed, x.snap.MalformedWhy, x.snap.held
 		} else if len(x.why) > 0 {
 			s.Malformed = slices.SortedFunc(maps.Keys(x.why), compareRefs)
 			s.MalformedWhy = maps.Clone(x.why)
+			for _, ref := range s.Malformed {
+				s.hold(ref, x.holds[ref])
+			}
 		}
 		x.snap, x.snapAt, x.badSnapAt = &s, x.version, x.badAt
 	}
@@ -153,6 +158,9 @@ func (x *Index) add(o Object) {
 		// A malformed object carries nothing, as in NewSnapshot.
 		x.objects[o.Ref] = nil
 		x.why[o.Ref] = o.Reason
+		if len(o.Holds) > 0 {
+			x.holds[o.Ref] = slices.Clone(o.Holds)
+		}
 		x.badAt = x.version + 1
 		return
 	}
@@ -177,6 +185,7 @@ func (x *Index) remove(ref ObjectRef) {
 	delete(x.objects, ref)
 	if _, bad := x.why[ref]; bad {
 		delete(x.why, ref)
+		delete(x.holds, ref)
 		x.badAt = x.version + 1
 	}
 	if len(ids) == 0 {

@@ -107,8 +107,13 @@ func TestIndexSnapshotIsReusedWhileNothingChanges(t *testing.T) {
 		t.Fatal("an earlier snapshot changed")
 	}
 	x.Set(AttachmentObject("ns", "a", "x!", "3"))
-	if s := x.Snapshot(true, nil); len(s.Malformed) != 1 || s.Healthy() == nil {
+	if s := x.Snapshot(true, nil); len(s.Malformed) != 1 || s.Carried(identity.Identity{VPC: 1, Attachment: 3}) {
 		t.Fatalf("malformed object not shown: %+v", s)
+	}
+	// Its VPC reads, its attachment does not: it holds the VPC.
+	x.Set(AttachmentObject("ns", "a", "5", "ZZZ"))
+	if s := x.Snapshot(true, nil); len(s.Malformed) != 1 || !s.Carried(identity.Identity{VPC: 5, Attachment: 9}) || s.Carried(identity.Identity{VPC: 6, Attachment: 9}) {
+		t.Fatalf("held VPC not shown: %+v", s)
 	}
 	x.Delete(ObjectRef{Kind: AttachmentKind, Namespace: "ns", Name: "a"})
 	if s := x.Snapshot(true, nil); len(s.Malformed) != 0 || s.Identities() != 0 || s.Attachments != 0 {

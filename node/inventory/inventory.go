@@ -3,12 +3,16 @@
 // a BGPAdvertisement of any node carries in its name.
 //
 // The rule a caller must know: only a Healthy snapshot may justify removing
-// anything. A snapshot that is not synced, whose last read failed, that holds
-// a malformed object (identity fields set but unparseable: the object may be
-// the one that carries a live tap, so the read is as untrustworthy as a failed
-// one), or in which no VPCAttachment carries an identity (an empty cluster
-// view is far more likely a broken read than a node with no tenants) says
-// "keep everything".
+// anything. A snapshot that is not synced, whose last read failed, or in
+// which no VPCAttachment carries an identity (an empty cluster view is far
+// more likely a broken read than a node with no tenants) says "keep
+// everything".
+//
+// A malformed object (identity fields set but unparseable) blocks only what
+// it could denote: when its VPC reads and its attachment does not, it holds
+// every identity of that VPC (Carried says so); when not even its VPC reads,
+// it denotes nothing and blocks nothing. A tenant's typo must not halt
+// removals of every other tenant on every node, nor cost its own VPC a tap.
 //
 // This package holds the rule, the types and the sources that need no
 // Kubernetes client (a fixed list, a YAML file); the API server's source is
@@ -40,14 +44,7 @@ const (
 var (
 	ErrNotSynced           = errors.New("inventory not synced")
 	ErrNoAttachmentCarries = errors.New("no VPCAttachment carries an identity")
-	// ErrMalformedObject: an object's identity fields are set but do not
-	// parse. It carries nothing, yet it may be meant to carry a live tap.
-	ErrMalformedObject = errors.New("malformed inventory object")
 )
-
-// maxNamedMalformed bounds how many malformed objects Healthy's error names,
-// so that it stays one readable line in a report or a log.
-const maxNamedMalformed = 10
 
 // maxReason bounds an Object's Reason: it quotes the field read, which in a
 // file may be of any length.
@@ -73,7 +70,8 @@ type Snapshot struct {
 	// Attachments and Advertisements count the objects that carry at least
 	// one identity; Malformed lists, sorted, the objects whose identity
 	// fields are set but do not parse, and MalformedWhy what did not parse in
-	// each. Those carry nothing and make the snapshot unhealthy.
+	// each. Those carry no identity; the ones whose VPC reads hold that
+	// VPC's identities (Carried).
 	Attachments    int
 	Advertisements int
 	Malformed      []ObjectRef
@@ -86,6 +84,9 @@ type Snapshot struct {
 	carriers   map[identity.Identity][]ObjectRef
 	overlay    map[identity.Identity][]ObjectRef
 	identities int
+	// held maps each VPC that malformed objects still name to them: every
+	// identity of that VPC counts as carried by them.
+	held map[identity.VPC][]ObjectRef
 }
 
 // Healthy returns nil when the snapshot may justify a removal, or the reason
@@ -96,46 +97,45 @@ func (s *Snapshot) Healthy() error {
 		return fmt.Errorf("inventory read failed: %w", s.Err)
 	case !s.Synced:
 		return ErrNotSynced
-	case len(s.Malformed) > 0:
-		return s.malformedError()
 	case s.Attachments == 0:
 		return ErrNoAttachmentCarries
 	}
 	return nil
 }
 
-// malformedError names the first maxNamedMalformed malformed objects and
-// what did not parse in each.
-func (s *Snapshot) malformedError() error {
-	var b strings.Builder
-	for i, ref := range s.Malformed[:min(len(s.Malformed), maxNamedMalformed)] {
-		if i > 0 {
-			b.WriteString("; ")
-		}
-		fmt.Fprintf(&b, "%s: %s", ref, s.MalformedWhy[ref])
-	}
-	if more := len(s.Malformed) - maxNamedMalformed; more > 0 {
-		fmt.Fprintf(&b, "; and %d more", more)
-	}
-	return fmt.Errorf("%w (%d; identity fields set but not parseable): %s", ErrMalformedObject, len(s.Malformed), b.String())
-}
-
-// Carriers returns the objects that carry id. The list is shared: read it,
-// never write it.
+// Carriers returns the objects that carry id, the malformed objects that
+// hold its VPC last. The list may be shared: read it, never write it.
 func (s *Snapshot) Carriers(id identity.Identity) []ObjectRef {
-	if l, ok := s.overlay[id]; ok {
-		return l
+	l, ok := s.overlay[id]
+	if !ok {
+		l = s.carriers[id]
 	}
-	return s.carriers[id]
+	if h := s.held[id.VPC]; len(h) > 0 {
+		return append(slices.Clip(l), h...)
+	}
+	return l
 }
 
-// Carried reports whether any object carries id.
-func (s *Snapshot) Carried(id identity.Identity) bool { return len(s.Carriers(id)) > 0 }
+// Holders returns the malformed objects that hold vpc: their VPC reads,
+// their attachment does not.
+func (s *Snapshot) Holders(vpc identity.VPC) []ObjectRef { return s.held[vpc] }
+
+// Carried reports whether any object carries id, or holds its VPC.
+func (s *Snapshot) Carried(id identity.Identity) bool {
+	if len(s.held[id.VPC]) > 0 {
+		return true
+	}
+	if l, ok := s.overlay[id]; ok {
+		return len(l) > 0
+	}
+	return len(s.carriers[id]) > 0
+}
 
 // Identities is the number of distinct identities carried.
 func (s *Snapshot) Identities() int { return s.identities }
 
-// All yields every identity carried and its carriers, in no set order.
+// All yields every identity carried and its carriers, in no set order; the
+// VPCs malformed objects hold are not identities, and Holders tells of them.
 func (s *Snapshot) All() iter.Seq2[identity.Identity, []ObjectRef] {
 	return func(yield func(identity.Identity, []ObjectRef) bool) {
 		for id, l := range s.overlay {
@@ -181,6 +181,9 @@ type Object struct {
 	Malformed  bool
 	// Reason says what did not parse in a malformed object.
 	Reason string
+	// Holds lists the VPCs a malformed object still names (its VPC read,
+	// its attachment did not): it holds every identity of each.
+	Holds []identity.VPC
 }
 
 // malformed marks o as malformed because of err, a parse error.
@@ -205,6 +208,9 @@ func AttachmentObject(namespace, name, vpc, attachment string) Object {
 	id, err := identity.ParseBase62(vpc, attachment)
 	if err != nil {
 		o.malformed(err)
+		if v, ok := identity.PartialBase62(vpc, attachment); ok {
+			o.Holds = []identity.VPC{v}
+		}
 		return o
 	}
 	o.Identities = []identity.Identity{id}
@@ -218,6 +224,7 @@ func AdvertisementObject(namespace, name string) Object {
 	ids, err := identity.ParseAdvertisementName(name)
 	if err != nil {
 		o.malformed(err)
+		o.Holds = identity.PartialAdvertisementName(name)
 		return o
 	}
 	o.Identities = ids
@@ -237,6 +244,7 @@ func NewSnapshot(objects []Object, synced bool, readErr error) Snapshot {
 			}
 			s.Malformed = append(s.Malformed, o.Ref)
 			s.MalformedWhy[o.Ref] = o.Reason
+			s.hold(o.Ref, o.Holds)
 			continue
 		}
 		if len(o.Identities) == 0 {
@@ -257,6 +265,16 @@ func NewSnapshot(objects []Object, synced bool, readErr error) Snapshot {
 	slices.SortFunc(s.Malformed, compareRefs)
 	s.identities = len(s.carriers)
 	return s
+}
+
+// hold records that ref holds every identity of vpcs.
+func (s *Snapshot) hold(ref ObjectRef, vpcs []identity.VPC) {
+	for _, v := range vpcs {
+		if s.held == nil {
+			s.held = make(map[identity.VPC][]ObjectRef)
+		}
+		s.held[v] = append(s.held[v], ref)
+	}
 }
 
 // Static is a fixed snapshot source, for unit tests of logic above the

@@ -2,47 +2,53 @@ package inventory
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/datum-cloud/galactic-node/node/identity"
 )
 
 func snapshotOf(objects ...Object) Snapshot {
 	return (&Static{Synced: true, Objects: objects}).Snapshot(context.Background())
 }
 
-// wantMalformed checks that s is unhealthy because of exactly the objects in
-// want (ref -> a fragment of what did not parse), each named in the error.
+// wantMalformed checks that s lists exactly the objects in want (ref -> a
+// fragment of what did not parse) as malformed, and stays healthy: a
+// malformed object blocks only what it could denote, never every removal.
 func wantMalformed(t *testing.T, s Snapshot, want map[string]string) {
 	t.Helper()
-	err := s.Healthy()
-	if !errors.Is(err, ErrMalformedObject) {
-		t.Fatalf("Healthy() = %v, want ErrMalformedObject", err)
+	if err := s.Healthy(); err != nil {
+		t.Fatalf("Healthy() = %v: one malformed object must not halt every removal", err)
 	}
 	if len(s.Malformed) != len(want) {
 		t.Errorf("Malformed = %v, want %d objects", s.Malformed, len(want))
 	}
-	for ref, why := range want {
-		if !strings.Contains(err.Error(), ref+": ") || !strings.Contains(err.Error(), why) {
-			t.Errorf("Healthy() = %q, want it to name %s and %q", err, ref, why)
+	for _, ref := range s.Malformed {
+		why, ok := want[ref.String()]
+		if !ok || !strings.Contains(s.MalformedWhy[ref], why) {
+			t.Errorf("%s: why %q, want %q", ref, s.MalformedWhy[ref], why)
 		}
 	}
 }
 
-// A VPCAttachment whose identity fields are set but do not parse may be the
-// one that carries a live tap: the read is as untrustworthy as a failed one.
-func TestAMalformedAttachmentMakesTheSnapshotUnhealthy(t *testing.T) {
+// A VPCAttachment whose identity fields are set but do not parse carries no
+// identity. Whose VPC reads holds that VPC's every identity, since it may be
+// meant to carry any of them; whose VPC does not read denotes none.
+func TestAMalformedAttachmentHoldsOnlyWhatItCouldDenote(t *testing.T) {
 	good := AttachmentObject("a", "good", "1", "1")
+	other := identity.Identity{VPC: 2, Attachment: 7}
 	for name, tc := range map[string]struct {
 		vpc, att, why string
+		holds         identity.VPC // 0: none
 	}{
-		"17-character vpc":     {strings.Repeat("a", 17), "1", `vpc "aaaaaaaaaaaaaaaaa"`},
-		"vpc with a space":     {" a", "1", `vpc " a"`},
-		"attachment of space":  {"1", " a", `attachment " a"`},
-		"attachment too large": {"1", "ZZZ", `attachment "ZZZ"`},
-		"vpc 0":                {"0", "1", "reserved"},
+		"17-character vpc":     {strings.Repeat("a", 17), "1", `vpc "aaaaaaaaaaaaaaaaa"`, 0},
+		"vpc with a space":     {" a", "1", `vpc " a"`, 0},
+		"attachment of space":  {"1", " a", `attachment " a"`, 1},
+		"attachment too large": {"1", "ZZZ", `attachment "ZZZ"`, 1},
+		"vpc 0":                {"0", "1", "reserved", 0},
 	} {
 		s := snapshotOf(good, AttachmentObject("a", "bad", tc.vpc, tc.att))
 		t.Run(name, func(t *testing.T) {
@@ -50,18 +56,39 @@ func TestAMalformedAttachmentMakesTheSnapshotUnhealthy(t *testing.T) {
 			if s.Attachments != 1 || s.Identities() != 1 {
 				t.Errorf("attachments %d, identities %d: the malformed object must carry nothing", s.Attachments, s.Identities())
 			}
+			if s.Carried(other) {
+				t.Errorf("%s of another VPC is carried: the malformed object blocks it", other)
+			}
+			held := identity.Identity{VPC: 1, Attachment: 999}
+			if got := s.Carried(held); got != (tc.holds == 1) {
+				t.Errorf("Carried(%s) = %v, want %v", held, got, tc.holds == 1)
+			}
 		})
 	}
 }
 
-func TestAMalformedAdvertisementNameMakesTheSnapshotUnhealthy(t *testing.T) {
+func TestAMalformedAdvertisementNameHoldsOnlyWhatItCouldDenote(t *testing.T) {
 	good := AttachmentObject("a", "good", "1", "1")
-	for _, name := range []string{"no-dash-here", "nodash", "-1", "1-", "gg-!", strings.Repeat("z", 17) + "-1"} {
+	for name, holds := range map[string][]identity.VPC{
+		"no-dash-here": nil, "nodash": nil, "-1": nil, "1-": nil,
+		strings.Repeat("z", 17) + "-1": nil,
+		// The VPC reads in hex (0xab) and in base62 ("ab"), the attachment in
+		// neither: both VPCs are held.
+		"ab-zzzzzz": {0xab, 10*62 + 11},
+	} {
 		t.Run(name, func(t *testing.T) {
 			s := snapshotOf(good, AdvertisementObject("node-b", name), AdvertisementObject("node-b", "3e-42"))
 			wantMalformed(t, s, map[string]string{"BGPAdvertisement node-b/" + name: fmt.Sprintf("advertisement name %q", name)})
 			if s.Advertisements != 1 {
 				t.Errorf("advertisements %d, want 1", s.Advertisements)
+			}
+			for _, v := range holds {
+				if id := (identity.Identity{VPC: v, Attachment: 5}); !s.Carried(id) || !slices.Contains(s.Carriers(id), ObjectRef{AdvertisementKind, "node-b", name}) {
+					t.Errorf("%s not held by %s: carriers %v", id, name, s.Carriers(id))
+				}
+			}
+			if id := (identity.Identity{VPC: 77, Attachment: 5}); s.Carried(id) {
+				t.Errorf("%s carried by %v", id, s.Carriers(id))
 			}
 		})
 	}
@@ -80,26 +107,9 @@ func TestAWellFormedInventoryStaysHealthy(t *testing.T) {
 	}
 }
 
-// However many objects are malformed, the error names at most ten, so that
-// it stays a readable line in a report or a log.
-func TestTheMalformedErrorIsBounded(t *testing.T) {
-	objs := []Object{AttachmentObject("a", "good", "1", "1")}
-	for i := range 25 {
-		objs = append(objs, AdvertisementObject("n", fmt.Sprintf("bad%02d", i)))
-	}
-	s := snapshotOf(objs...)
-	err := s.Healthy()
-	if !errors.Is(err, ErrMalformedObject) {
-		t.Fatalf("Healthy() = %v, want ErrMalformedObject", err)
-	}
-	if n := strings.Count(err.Error(), "BGPAdvertisement n/"); n != 10 || !strings.Contains(err.Error(), "and 15 more") {
-		t.Errorf("Healthy() = %q: names %d objects, want 10 and \"and 15 more\"", err, n)
-	}
-}
-
 // The file source goes through the same rule: a malformed object in a file
-// that parses is no reason to remove what it was meant to carry.
-func TestAMalformedObjectInAFileMakesItUnhealthy(t *testing.T) {
+// that parses is listed, and blocks only what it could denote.
+func TestAMalformedObjectInAFileIsListed(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "inventory.yaml")
 	write(t, path, goodInventory+"---\n"+attachmentDoc(AttachmentAPIVersion, AttachmentKind, "web-1", "tenant-a", `" a"`, "1"))
 	s := NewFile(path).Snapshot(context.Background())
