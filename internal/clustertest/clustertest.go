@@ -12,6 +12,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -123,7 +124,7 @@ func writeUnvalidatedCRDs(src, dst string) error {
 		docs := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
 		for i := 0; ; i++ {
 			doc, err := docs.Read()
-			if err == io.EOF {
+			if errors.Is(err, io.EOF) {
 				break
 			}
 			if err != nil {
