@@ -25,9 +25,9 @@ run ./node/reclaim 'PassWithNoRemovals' 5x
 run ./node/reclaim 'Remove1000ConfirmedTaps' 2x
 run ./node/reclaim 'APIRequestsPerSteadyStatePass' 20x
 run ./node/reclaim 'RemovingPassProof' 5x
-# One process for both, so the 100,000 VPCAttachments (minutes to create)
-# are created once.
-run ./node/reclaim 'PassWith100000ClusterObjects|ClusterInventoryHeapWith100000Objects' 1x
+# One process for the three, so the 100,000 VPCAttachments (minutes to
+# create) are created once.
+run ./node/reclaim 'PassWith100000ClusterObjects|RemovingPassAt100000Attachments|ClusterInventoryHeapWith100000Objects' 1x
 run ./node/inventory 'FileInventory100000Identities' 5x
 run ./admin 'PendingWithAuthAt64Clients' 3x
 run ./hubctl 'Release1000ClaimsOfGoneNetworks' 1x
@@ -82,6 +82,11 @@ GALACTICTEST_FLEET_SIZES=10x10000,50x10000 run ./bench/fleet 'Fleet' 1x
 	echo "static = the same pass over 10,000 taps with an inventory.Static of the same 100,000 objects;"
 	echo "prebuilt = with a snapshot built in advance (no inventory cost); heap-MiB = live heap of a cluster"
 	echo "inventory synced over 100,000 VPCAttachments of a real API server."
+	echo "RemovingPassAt100000Attachments: the pass that removes 1 stale tap (of 101 stamped) over 100,000"
+	echo "VPCAttachments; proof = its consistent read of both resources, timed alone after it (5,000 a page);"
+	echo "sync = the informers' initial list until synced; clientgo-list = client-go's paginated consistent"
+	echo "list of the same objects (5,000 a page), the peer; pass-alloc = bytes allocated by the pass; rss = the"
+	echo "benchmark process's resident set (informers, the shared cluster's client, the set-up's objects)."
 	echo "TapIngress: per frame written into a tap (tap/…, net of the bare tap, writer on one CPU) or per"
 	echo "BPF_PROG_TEST_RUN (test-run/…): after = this build's program, with the route watcher's host view;"
 	echo "before = the program before issue 21 on the same maps; nft = the same rules in an nftables netdev"

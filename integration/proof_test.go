@@ -259,8 +259,11 @@ func apiServerPID(t *testing.T, cluster *clustertest.Cluster) int {
 }
 
 // After a SIGKILL of the API server nothing is removed, including by a pass
-// already running when the kill came (held here on the VRF lock, so that it
-// reaches its proof after the kill).
+// already running when the kill came. The pass proves the inventory before
+// it takes the VRF locks (held here, so that it waits there), and its recheck
+// under the locks makes no request: it keeps every tap once the node's cache
+// has seen the API server fail, which the test waits for before letting the
+// pass have the lock.
 func TestAKilledAPIServerStopsEveryRemoval(t *testing.T) {
 	cluster := clustertest.Start(t)
 	t.Cleanup(func() { _ = cluster.Env.Stop() })
@@ -287,6 +290,10 @@ func TestAKilledAPIServerStopsEveryRemoval(t *testing.T) {
 	if err := syscall.Kill(apiServerPID(t, cluster), syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
+	eventually(t, "the node's cache sees the API server fail", func() (bool, string) {
+		code, body := r.callFresh("GET", "/v1/status", readToken)
+		return code == 200 && strings.Contains(string(body), "inventory: "), string(body)
+	})
 	release()
 	if rep := <-inFlight; !r.exists("G00000000a003H") || len(rep.Reclaimed) != 0 {
 		t.Fatalf("the pass running when the API server was killed removed the tap: %+v", rep)

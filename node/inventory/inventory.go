@@ -116,6 +116,16 @@ func (s *Snapshot) Carriers(id identity.Identity) []ObjectRef {
 	return l
 }
 
+// MaxNamed bounds how many objects a view, a report or a log names where
+// the list is the tenants' (the carriers of one identity, the holders of a
+// VPC): they make as many as they like, so the rest go as a count.
+const MaxNamed = 10
+
+// Named returns at most MaxNamed of refs and how many there are in all.
+func Named(refs []ObjectRef) (named []ObjectRef, total int) {
+	return refs[:min(len(refs), MaxNamed):min(len(refs), MaxNamed)], len(refs)
+}
+
 // Holders returns the malformed objects that hold vpc: their VPC reads,
 // their attachment does not.
 func (s *Snapshot) Holders(vpc identity.VPC) []ObjectRef { return s.held[vpc] }
@@ -168,8 +178,9 @@ type Prover interface {
 	// Prove reads the origin now, consistently, and returns what it holds.
 	// An error wraps ErrNotProvenCurrent.
 	Prove(ctx context.Context) (Snapshot, error)
-	// ProvenAt is when the source last showed itself current: a consistent
-	// read, a list, or a watch event (bookmarks included).
+	// ProvenAt is when the newest consistent read of the origin that
+	// succeeded started (a Prove, or a probe of the source's own). A watch
+	// event proves nothing: a delayed one arrives looking fresh.
 	ProvenAt() time.Time
 }
 

@@ -17,6 +17,8 @@ import (
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
 
 	"github.com/datum-cloud/galactic-node/internal/clustertest"
@@ -29,6 +31,11 @@ import (
 	"github.com/datum-cloud/galactic-node/node/vrf"
 )
 
+// unbraked is the configuration of the benchmarks that remove every tap
+// of their node at once: no per-pass cap, no mass-removal brake, which
+// would keep them all (brake.go); they time the removal itself.
+var unbraked = reclaim.Config{MaxReclaimsPerPass: -1, MassRemovalShare: 1}
+
 // noRows is a registry for benchmarks that register no eBPF rows.
 type noRows struct{}
 
@@ -38,12 +45,19 @@ func benchID(i int) identity.Identity {
 	return identity.Identity{VPC: identity.VPC(1000 + i/1000), Attachment: identity.Attachment(i % 1000)}
 }
 
-// stampedTaps creates n persistent, stamped, unheld tenant taps.
+// stampedTaps creates n persistent, stamped, unheld tenant taps, of the
+// identities benchID(0) on.
 func stampedTaps(b *testing.B, ns *nettest.NS, n int) []inventory.Object {
+	return stampedTapsFrom(b, ns, 0, n)
+}
+
+// stampedTapsFrom is stampedTaps of the identities benchID(from) on, and
+// returns the objects that would carry them.
+func stampedTapsFrom(b *testing.B, ns *nettest.NS, from, n int) []inventory.Object {
 	b.Helper()
 	c := ns.Dial(b)
 	var objs []inventory.Object
-	for i := range n {
+	for i := from; i < from+n; i++ {
 		id := benchID(i)
 		nettest.NewTap(b, ns, id.TapName(), tun.Mode{})
 		objs = append(objs, inventory.AttachmentObject("bench", id.TapName(), id.VPC.Base62(), id.Attachment.Base62()))
@@ -153,7 +167,7 @@ func BenchmarkRemove1000ConfirmedTaps(b *testing.B) {
 		stampedTaps(b, ns, n)
 		locks, _ := vrf.NewLocker(b.TempDir())
 		liveOnly := []inventory.Object{inventory.AttachmentObject("bench", "live", "zzzz", "1")}
-		r := reclaim.New(ns.Dial(b), &inventory.Static{Objects: liveOnly, Synced: true}, noRows{}, locks, nil, nil, reclaim.Config{})
+		r := reclaim.New(ns.Dial(b), &inventory.Static{Objects: liveOnly, Synced: true}, noRows{}, locks, nil, nil, unbraked)
 		r.Pass(context.Background(), reclaim.PassOptions{})
 		start := time.Now()
 		b.StartTimer()
@@ -279,7 +293,7 @@ func BenchmarkRemovingPassProof(b *testing.B) {
 	removingPass := func(src inventory.Source, timed bool) (time.Duration, int64) {
 		ns := nettest.NewNS(b)
 		stampedTaps(b, ns, taps)
-		r := reclaim.New(ns.Dial(b), src, noRows{}, locks, nil, nil, reclaim.Config{})
+		r := reclaim.New(ns.Dial(b), src, noRows{}, locks, nil, nil, unbraked)
 		r.Pass(ctx, reclaim.PassOptions{})
 		before := requests.Load()
 		start := time.Now()
@@ -457,6 +471,153 @@ func BenchmarkPassWith100000ClusterObjects(b *testing.B) {
 	b.ReportMetric(per(staticT), "static-ns/op")
 	b.ReportMetric(oursT/per(staticT), "x-of-static")
 	b.ReportMetric(oursT/per(fixedT), "x-of-prebuilt")
+}
+
+// BenchmarkRemovingPassAt100000Attachments measures a pass that removes one
+// stale tap (of 101 stamped, 100 carried) with the cluster inventory over
+// 100,000 VPCAttachments of a real API server, and what each part costs, in
+// the same run: the informers' share (their initial list and sync: time,
+// API requests, the heap they keep) against the proof's (the consistent
+// read each removing pass makes: time and requests, measured alone after
+// the pass), the pass's requests and allocations, and the process's RSS.
+// The peer is client-go's own paginated consistent list of the same objects
+// (dynamic client, 5,000 a page, both resources): the bare way to read them.
+func BenchmarkRemovingPassAt100000Attachments(b *testing.B) {
+	const live = 100
+	n := scaleObjects(b)
+	clusterObjects(b, n)
+	var requests atomic.Int64
+	cfg := rest.CopyConfig(clustertest.Shared(b).Config)
+	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
+		return roundTripFunc(func(r *http.Request) (*http.Response, error) { requests.Add(1); return rt.RoundTrip(r) })
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	inv, err := kubeinventory.NewCluster(cfg, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	start := time.Now()
+	inv.Start(ctx)
+	for deadline := time.Now().Add(5 * time.Minute); ; time.Sleep(10 * time.Millisecond) {
+		if s := inv.Snapshot(ctx); s.Healthy() == nil && s.Attachments == n {
+			break
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("inventory never showed %d attachments", n)
+		}
+	}
+	syncT, syncReq := time.Since(start), requests.Load()
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	heap := float64(after.HeapAlloc) - float64(before.HeapAlloc)
+
+	dc, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	// peerList reads both resources as Prove does, the client-go way.
+	peerList := func() int {
+		objects := 0
+		for _, gvr := range []schema.GroupVersionResource{kubeinventory.AttachmentResource, kubeinventory.AdvertisementResource} {
+			opts := metav1.ListOptions{Limit: 5000}
+			for {
+				list, err := dc.Resource(gvr).List(ctx, opts)
+				if err != nil {
+					b.Fatal(err)
+				}
+				objects += len(list.Items)
+				if opts.Continue = list.GetContinue(); opts.Continue == "" {
+					break
+				}
+			}
+		}
+		return objects
+	}
+	locks, _ := vrf.NewLocker(b.TempDir())
+	var passT, proveT, peerT time.Duration
+	var passReq, proveReq, peerReq int64
+	var passAlloc float64
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		ns := nettest.NewNS(b)
+		stampedTaps(b, ns, live)     // carried by the first 100 objects
+		stampedTapsFrom(b, ns, n, 1) // benchID(n): no object carries it
+		r := reclaim.New(ns.Dial(b), inv, noRows{}, locks, nil, nil, reclaim.Config{})
+		if rep := r.Pass(ctx, reclaim.PassOptions{}); len(rep.Candidates) != 1 {
+			b.Fatalf("the marking pass found %d candidates: %s", len(rep.Candidates), rep.Reason)
+		}
+		var m0, m1 runtime.MemStats
+		runtime.ReadMemStats(&m0)
+		req0 := requests.Load()
+		start := time.Now()
+		b.StartTimer()
+		rep := r.Pass(ctx, reclaim.PassOptions{})
+		b.StopTimer()
+		passT += time.Since(start)
+		passReq += requests.Load() - req0
+		runtime.ReadMemStats(&m1)
+		passAlloc += float64(m1.TotalAlloc - m0.TotalAlloc)
+		if len(rep.Reclaimed) != 1 {
+			b.Fatalf("reclaimed %d of 1: %s %s %+v", len(rep.Reclaimed), rep.Result, rep.Reason, rep.Kept)
+		}
+
+		req0, start = requests.Load(), time.Now()
+		if proof, err := inv.Prove(ctx); err != nil || proof.Attachments != n {
+			b.Fatalf("proof of %d attachments: %v", proof.Attachments, err)
+		}
+		proveT += time.Since(start)
+		proveReq += requests.Load() - req0
+
+		req0, start = requests.Load(), time.Now()
+		if got := peerList(); got != n {
+			b.Fatalf("client-go listed %d objects, want %d", got, n)
+		}
+		peerT += time.Since(start)
+		peerReq += requests.Load() - req0
+	}
+	per := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / float64(b.N) }
+	perN := func(v float64) float64 { return v / float64(b.N) }
+	b.ReportMetric(float64(n), "objects")
+	b.ReportMetric(perN(float64(passReq)), "api-requests/pass")
+	b.ReportMetric(perN(passAlloc)/(1<<20), "pass-alloc-MiB")
+	b.ReportMetric(per(proveT), "proof-ns")
+	b.ReportMetric(perN(float64(proveReq)), "proof-api-requests")
+	b.ReportMetric(per(proveT)/per(passT), "proof-share-of-pass")
+	b.ReportMetric(per(peerT), "clientgo-list-ns")
+	b.ReportMetric(perN(float64(peerReq)), "clientgo-list-api-requests")
+	b.ReportMetric(per(passT)/per(peerT), "x-of-clientgo-list")
+	b.ReportMetric(per(proveT)/per(peerT), "proof-x-of-clientgo-list")
+	b.ReportMetric(syncT.Seconds(), "sync-s")
+	b.ReportMetric(float64(syncReq), "sync-api-requests")
+	b.ReportMetric(float64(syncT.Nanoseconds())/per(peerT), "sync-x-of-clientgo-list")
+	b.ReportMetric(heap/(1<<20), "inventory-heap-MiB")
+	b.ReportMetric(vmRSS(b), "rss-MiB")
+}
+
+// vmRSS is this process's resident set, in MiB.
+func vmRSS(b *testing.B) float64 {
+	b.Helper()
+	status, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		b.Fatal(err)
+	}
+	for line := range strings.Lines(string(status)) {
+		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kib, err := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(rest), " kB"))
+			if err != nil {
+				b.Fatalf("VmRSS %q: %v", rest, err)
+			}
+			return float64(kib) / 1024
+		}
+	}
+	b.Fatal("no VmRSS in /proc/self/status")
+	return 0
 }
 
 // BenchmarkClusterInventoryHeapWith100000Objects reports the heap a node's

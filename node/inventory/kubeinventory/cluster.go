@@ -46,11 +46,42 @@ type Cluster struct {
 	index   *inventory.Index
 	sources []*watched
 
-	// host and http serve consistent reads (Prove), outside the watches.
-	host   string
-	http   *http.Client
-	proven atomic.Int64 // unix nanoseconds of the last successful Prove
+	// host and http serve consistent reads (Prove and the probes), outside
+	// the watches.
+	host string
+	http *http.Client
+	opts Options
+	// pageSize is how many objects one page of Prove asks for:
+	// proofPageSize, smaller in this package's tests.
+	pageSize int
+	// proven is when the newest consistent read that succeeded started
+	// (unix nanoseconds): see ProvenAt.
+	proven atomic.Int64
+
+	probeMu  sync.Mutex
+	probeErr error // the last probe's error, nil once one succeeds
+	// probing runs while the probe does, for tests that it stops.
+	probing sync.WaitGroup
 }
+
+// Options tune a Cluster. The zero value is a Cluster that bounds each page
+// of a consistent read by DefaultPageTimeout and never probes.
+type Options struct {
+	// PageTimeout bounds each request of a consistent read: every page of
+	// Prove, every list of a probe. The read as a whole is bounded by its
+	// caller's context only: a slow API server answering each page in time
+	// still proves, however many pages there are. Default
+	// DefaultPageTimeout.
+	PageTimeout time.Duration
+	// ProbeInterval is how often Start's probe reads both resources
+	// consistently, one object each, to move ProvenAt while no Prove does;
+	// a probe is skipped while a consistent read that started less than an
+	// interval ago succeeded. 0: no probe, ProvenAt moves only with Prove.
+	ProbeInterval time.Duration
+}
+
+// DefaultPageTimeout is Options.PageTimeout when unset.
+const DefaultPageTimeout = 10 * time.Second
 
 // watched is one resource's watch and the health of its list/watch calls.
 type watched struct {
@@ -59,18 +90,29 @@ type watched struct {
 	ctrl       cache.Controller
 	fromFields func(namespace, name, vpc, attachment string) inventory.Object
 
-	// seen is when the watch last heard from the API server (unix
-	// nanoseconds): a list, or any watch event, bookmarks included.
-	seen atomic.Int64
-
 	mu      sync.Mutex
 	lastErr error
 }
 
-// NewCluster prepares informers over cfg; Start runs them.
-func NewCluster(cfg *rest.Config, log *slog.Logger) (*Cluster, error) {
+// NewCluster prepares informers over cfg; Start runs them (and the probe,
+// when opts ask for one). opts is optional: at most one may be given.
+func NewCluster(cfg *rest.Config, log *slog.Logger, opts ...Options) (*Cluster, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
+	}
+	var o Options
+	switch len(opts) {
+	case 0:
+	case 1:
+		o = opts[0]
+	default:
+		return nil, errors.New("inventory: NewCluster takes at most one Options")
+	}
+	if o.PageTimeout <= 0 {
+		o.PageTimeout = DefaultPageTimeout
+	}
+	if o.ProbeInterval < 0 {
+		return nil, fmt.Errorf("inventory: negative probe interval %s", o.ProbeInterval)
 	}
 	dc, err := dynamic.NewForConfig(cfg)
 	if err != nil {
@@ -80,7 +122,7 @@ func NewCluster(cfg *rest.Config, log *slog.Logger) (*Cluster, error) {
 	if err != nil {
 		return nil, fmt.Errorf("inventory: http client: %w", err)
 	}
-	c := &Cluster{log: log, index: inventory.NewIndex(), host: strings.TrimSuffix(cfg.Host, "/"), http: hc}
+	c := &Cluster{log: log, index: inventory.NewIndex(), host: strings.TrimSuffix(cfg.Host, "/"), http: hc, opts: o, pageSize: proofPageSize}
 	for _, r := range []struct {
 		gvr        schema.GroupVersionResource
 		kind       string
@@ -106,18 +148,17 @@ func newWatched(ri dynamic.NamespaceableResourceInterface, gvr schema.GroupVersi
 		ListWithContextFunc: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
 			list, err := ri.Namespace(metav1.NamespaceAll).List(ctx, opts)
 			w.record(err, log)
-			if err == nil {
-				w.seen.Store(time.Now().UnixNano())
-			}
 			return list, err
 		},
+		// What the watches deliver never moves ProvenAt: a watch event,
+		// or a bookmark, arriving now may have been sent long ago by an API
+		// server that is far behind, or through a link that holds every
+		// answer back. Only a consistent read started at a known time says
+		// how new the API server's answer is.
 		WatchFuncWithContext: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
 			wi, err := ri.Namespace(metav1.NamespaceAll).Watch(ctx, opts)
 			w.record(err, log)
-			if err != nil {
-				return nil, err
-			}
-			return newSeenWatch(wi, &w.seen), nil
+			return wi, err
 		},
 	}
 	store := &indexStore{kind: kind, index: index}
@@ -237,10 +278,14 @@ func (w *watched) record(err error, log *slog.Logger) {
 	w.lastErr = err
 }
 
-// Start runs the watches until ctx ends. It returns at once.
+// Start runs the watches, and the probe if Options.ProbeInterval is set,
+// until ctx ends. It returns at once.
 func (c *Cluster) Start(ctx context.Context) {
 	for _, w := range c.sources {
 		go w.ctrl.RunWithContext(ctx)
+	}
+	if c.opts.ProbeInterval > 0 {
+		c.probing.Go(func() { c.probeLoop(ctx, c.opts.ProbeInterval) })
 	}
 }
 
@@ -269,40 +314,6 @@ func (c *Cluster) Snapshot(context.Context) inventory.Snapshot {
 		w.mu.Unlock()
 	}
 	return c.index.Snapshot(synced, errors.Join(errs...))
-}
-
-// seenWatch passes a watch's events on and notes when each arrived: a
-// watch that hangs, as in a network partition, delivers nothing, not even
-// the API server's periodic bookmarks, and so stops proving the cache
-// current.
-type seenWatch struct {
-	watch.Interface
-	out  chan watch.Event
-	stop chan struct{}
-	once sync.Once
-}
-
-func newSeenWatch(in watch.Interface, seen *atomic.Int64) *seenWatch {
-	s := &seenWatch{Interface: in, out: make(chan watch.Event), stop: make(chan struct{})}
-	go func() {
-		defer close(s.out)
-		for ev := range in.ResultChan() {
-			seen.Store(time.Now().UnixNano())
-			select {
-			case s.out <- ev:
-			case <-s.stop:
-				return
-			}
-		}
-	}()
-	return s
-}
-
-func (s *seenWatch) ResultChan() <-chan watch.Event { return s.out }
-
-func (s *seenWatch) Stop() {
-	s.once.Do(func() { close(s.stop) })
-	s.Interface.Stop()
 }
 
 // cachedObject is what the watches queue: a trimmed inventory.Object with

@@ -9,10 +9,11 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
+	"sync"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/datum-cloud/galactic-node/node/inventory"
 )
@@ -25,9 +26,15 @@ const proofPageSize = 5000
 // BGPAdvertisement with a consistent read (no resourceVersion: the API
 // server answers at etcd's current revision, never from a stale cache) and
 // builds a snapshot of what the API server holds at that moment. Objects are
-// decoded only as far as the reclaim needs them. Any failure (403, timeout,
-// refused) is an error naming the resource.
+// decoded only as far as the reclaim needs them. Each page is bounded by
+// Options.PageTimeout, the whole read only by ctx: a slow API server that
+// answers every page in time still proves. Any failure (403, a page not
+// answered in time, refused) is an error naming the resource, and the page.
 func (c *Cluster) Prove(ctx context.Context) (inventory.Snapshot, error) {
+	// The answer is as new as the read's start at least: what the API
+	// server held then, or later. ProvenAt counts from here, not from the
+	// last page's arrival, which a slow link holds back.
+	start := time.Now()
 	var objects []inventory.Object
 	for _, w := range c.sources {
 		objs, err := c.list(ctx, w)
@@ -36,27 +43,106 @@ func (c *Cluster) Prove(ctx context.Context) (inventory.Snapshot, error) {
 		}
 		objects = append(objects, objs...)
 	}
-	c.proven.Store(time.Now().UnixNano())
+	c.markProven(start)
 	return inventory.NewSnapshot(objects, true, nil), nil
 }
 
-// ProvenAt implements inventory.Prover.
+// ProvenAt implements inventory.Prover: when the newest consistent read of
+// both resources that succeeded started, a Prove or a probe; zero before
+// the first. The watches never move it (see newWatched): their events say
+// nothing of how late they come. With a probe every interval, a healthy API
+// server keeps the age (time since ProvenAt) under the interval plus one
+// round trip; an API server, or a link, d behind keeps it at d or more; a
+// partition makes every probe fail and the age grows without bound.
 func (c *Cluster) ProvenAt() time.Time {
 	at := c.proven.Load()
-	oldest := int64(-1)
-	for _, w := range c.sources {
-		seen := w.seen.Load()
-		if oldest < 0 || seen < oldest {
-			oldest = seen
-		}
-	}
-	if oldest > at {
-		at = oldest
-	}
 	if at <= 0 {
 		return time.Time{}
 	}
 	return time.Unix(0, at)
+}
+
+// markProven records that a consistent read started at start succeeded,
+// unless a newer one already did: reads overlap (a probe during a Prove), and
+// one that started earlier and ended later proves nothing newer.
+func (c *Cluster) markProven(start time.Time) {
+	at := start.UnixNano()
+	for {
+		old := c.proven.Load()
+		if old >= at || c.proven.CompareAndSwap(old, at) {
+			return
+		}
+	}
+}
+
+// probeLoop probes every interval until ctx ends. A consistent read that
+// started less than an interval ago and succeeded (a Prove's, say) stands
+// for a probe; a failed probe is retried an interval after it started, so a
+// partition costs no more requests than a healthy API server.
+func (c *Cluster) probeLoop(ctx context.Context, interval time.Duration) {
+	var lastTry time.Time
+	for {
+		next := lastTry
+		if p := c.ProvenAt(); p.After(next) {
+			next = p
+		}
+		if wait := time.Until(next.Add(interval)); wait > 0 {
+			t := time.NewTimer(wait)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return
+			case <-t.C:
+			}
+			continue // a Prove may have moved ProvenAt meanwhile
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		lastTry = time.Now()
+		c.noteProbe(ctx, c.probe(ctx))
+	}
+}
+
+// probe lists one object of each resource consistently, both at once, and
+// on success moves ProvenAt to when it started. It is the cheapest read that
+// shows the API server answering at etcd's current revision now: the API
+// server serves no object beyond the first, however many it holds.
+func (c *Cluster) probe(ctx context.Context) error {
+	start := time.Now()
+	errs := make([]error, len(c.sources))
+	var wg sync.WaitGroup
+	for i, w := range c.sources {
+		wg.Go(func() {
+			if _, err := c.listPage(ctx, w, 1, 1, ""); err != nil {
+				errs[i] = fmt.Errorf("%s: %w", w.gvr.Resource, err)
+			}
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("%w: probe: %w", inventory.ErrNotProvenCurrent, err)
+	}
+	c.markProven(start)
+	return nil
+}
+
+// noteProbe logs a probe's failure when it differs from the last one, and
+// the first success after a failure, so that a partition logs once, not on
+// every probe.
+func (c *Cluster) noteProbe(ctx context.Context, err error) {
+	if ctx.Err() != nil {
+		return // shutting down: not the API server's doing
+	}
+	c.probeMu.Lock()
+	defer c.probeMu.Unlock()
+	switch {
+	case err != nil && (c.probeErr == nil || c.probeErr.Error() != err.Error()):
+		c.log.Warn("inventory probe failed: readiness fails once the inventory is older than its bound", "error", err)
+	case err == nil && c.probeErr != nil:
+		c.log.Info("inventory probe succeeds again")
+	}
+	c.probeErr = err
 }
 
 // proofList is the part of a list response a consistent read decodes.
@@ -79,8 +165,8 @@ type proofList struct {
 func (c *Cluster) list(ctx context.Context, w *watched) ([]inventory.Object, error) {
 	var objects []inventory.Object
 	cont := ""
-	for {
-		page, err := c.listPage(ctx, w.gvr, cont)
+	for n := 1; ; n++ {
+		page, err := c.listPage(ctx, w, n, c.pageSize, cont)
 		if err != nil {
 			return nil, err
 		}
@@ -93,8 +179,30 @@ func (c *Cluster) list(ctx context.Context, w *watched) ([]inventory.Object, err
 	}
 }
 
-func (c *Cluster) listPage(ctx context.Context, gvr schema.GroupVersionResource, cont string) (*proofList, error) {
-	q := url.Values{"limit": {strconv.Itoa(proofPageSize)}}
+// listPage reads page n (from 1) of a consistent list of w's resource, of
+// at most limit objects, within Options.PageTimeout: from the request to
+// the last byte of the answer decoded. An error names the page.
+func (c *Cluster) listPage(ctx context.Context, w *watched, n, limit int, cont string) (*proofList, error) {
+	pageCtx, cancel := context.WithTimeoutCause(ctx, c.opts.PageTimeout, errPageTimeout)
+	defer cancel()
+	page, err := c.fetchPage(pageCtx, w, limit, cont)
+	if err == nil {
+		return page, nil
+	}
+	if errors.Is(context.Cause(pageCtx), errPageTimeout) {
+		// This page's own bound, not the caller's: say so, with the bound.
+		return nil, fmt.Errorf("page %d (limit %d): not answered within %s: %w", n, limit, c.opts.PageTimeout, err)
+	}
+	return nil, fmt.Errorf("page %d (limit %d): %w", n, limit, err)
+}
+
+// errPageTimeout is the cause of a page's context that ran out of
+// Options.PageTimeout, which tells it from a caller's deadline.
+var errPageTimeout = errors.New("page timeout")
+
+func (c *Cluster) fetchPage(ctx context.Context, w *watched, limit int, cont string) (*proofList, error) {
+	gvr := w.gvr
+	q := url.Values{"limit": {strconv.Itoa(limit)}}
 	if cont != "" {
 		q.Set("continue", cont)
 	}
@@ -106,6 +214,12 @@ func (c *Cluster) listPage(ctx context.Context, gvr schema.GroupVersionResource,
 	req.Header.Set("Accept", "application/json")
 	resp, err := c.http.Do(req)
 	if err != nil {
+		// The query (a continue token of a hundred characters) says
+		// nothing to an operator; the host and resource do.
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			ue.URL, _, _ = strings.Cut(ue.URL, "?")
+		}
 		return nil, err
 	}
 	defer resp.Body.Close()
