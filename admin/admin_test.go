@@ -40,6 +40,8 @@ type fakeBackend struct {
 	// realPasses counts ForcePass calls with dryRun false, dryPasses those
 	// with it true.
 	realPasses, dryPasses atomic.Int32
+	// allowedMass counts ForcePass calls that release the brake.
+	allowedMass atomic.Int32
 	// touched counts calls of every Backend method, Ready included.
 	touched atomic.Int32
 	// pending, when set, is what Pending returns.
@@ -80,9 +82,13 @@ func (f *fakeBackend) Pending() []reclaim.Pending {
 	}
 	return []reclaim.Pending{}
 }
-func (f *fakeBackend) ForcePass(_ context.Context, dryRun bool) reclaim.Report {
+func (f *fakeBackend) ForcePass(_ context.Context, opts reclaim.PassOptions) reclaim.Report {
 	f.touched.Add(1)
 	f.forces.Add(1)
+	dryRun := opts.DryRun
+	if opts.AllowMassRemoval {
+		f.allowedMass.Add(1)
+	}
 	if dryRun {
 		f.dryPasses.Add(1)
 	} else {
@@ -423,7 +429,7 @@ var routes = []struct {
 	{"GET", "/v1/status", "/v1/status", nil},
 	{"GET", "/v1/taps", "/v1/taps", nil},
 	{"GET", "/v1/taps/pending", "/v1/taps/pending", nil},
-	{"GET", "/v1/passes", "/v1/passes", nil},
+	{"GET", "/v1/passes", "/v1/passes", []string{"limit"}},
 	{"GET", "/v1/passes/last", "/v1/passes/last", nil},
 	{"GET", "/v1/ebpf/maps", "/v1/ebpf/maps", nil},
 	{"GET", "/v1/ebpf/maps/{name}", "/v1/ebpf/maps/traffic_policy", []string{"ifindex", "limit"}},

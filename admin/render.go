@@ -156,6 +156,18 @@ func WriteStatus(w io.Writer, st Status, now time.Time) {
 	default:
 		line("passes", fmt.Sprintf("every %s, next in %s", st.Schedule.Interval, max(st.Schedule.NextDue.Sub(now), 0).Round(time.Second)))
 	}
+	switch b := st.Brake; {
+	case b.Engaged && b.ReleasesAt.IsZero():
+		line("mass-removal brake", fmt.Sprintf("ENGAGED %s ago, %d taps held: %s; release: galactic-node pass --allow-mass-removal",
+			now.Sub(b.Since).Round(time.Second), b.Held, b.Reason))
+	case b.Engaged:
+		line("mass-removal brake", fmt.Sprintf("ENGAGED %s ago, %d taps held: %s; releases on its own in %s if the inventory shrinks no further, or: galactic-node pass --allow-mass-removal",
+			now.Sub(b.Since).Round(time.Second), b.Held, b.Reason, max(b.ReleasesAt.Sub(now), 0).Round(time.Second)))
+	case b.LastRelease != "":
+		line("mass-removal brake", fmt.Sprintf("released %s ago %s", now.Sub(b.LastReleaseAt).Round(time.Second), b.LastRelease))
+	default:
+		line("mass-removal brake", "not engaged")
+	}
 	if p := st.LastPass; p != nil {
 		last := fmt.Sprintf("%s %s ago (took %s): %d reclaimed, %d failed", p.Result, now.Sub(p.Finished).Round(time.Second),
 			p.Finished.Sub(p.Started).Round(time.Millisecond), p.Reclaimed, p.Failed)
@@ -234,6 +246,9 @@ func tapRows(taps []nodeview.TapView) tabular {
 		}
 		for _, c := range v.CarriedBy {
 			carried = append(carried, c.String())
+		}
+		if more := v.Carriers - len(v.CarriedBy); more > 0 {
+			carried = append(carried, fmt.Sprintf("and %d more", more))
 		}
 		t.rows = append(t.rows, []string{v.Name, strconv.FormatUint(uint64(v.Ifindex), 10), v.VPC, v.Attachment, dash(v.Owner),
 			dash(v.Master), strconv.FormatBool(v.Held), dash(strings.Join(holders, ",")), dash(strings.Join(carried, ",")), string(v.State),

@@ -57,7 +57,7 @@ type Taps interface {
 // Passes answers GET /v1/passes and runs POST /v1/passes.
 type Passes interface {
 	Reports() []reclaim.Report
-	ForcePass(ctx context.Context, dryRun bool) reclaim.Report
+	ForcePass(ctx context.Context, opts reclaim.PassOptions) reclaim.Report
 }
 
 // EBPF answers GET /v1/ebpf/...: the maps, their rows, one interface's rows.
@@ -164,13 +164,13 @@ func NewHandler(b Backend, cfg Config) http.Handler {
 			r.With(accepts()).Get("/status", h.status)
 			r.With(accepts()).Get("/taps", h.taps)
 			r.With(accepts()).Get("/taps/pending", h.pending)
-			r.With(accepts()).Get("/passes", h.passes)
+			r.With(accepts("limit")).Get("/passes", h.passes)
 			r.With(accepts()).Get("/passes/last", h.lastPass)
 			r.With(accepts()).Get("/ebpf/maps", h.maps)
 			r.With(accepts("ifindex", "limit")).Get("/ebpf/maps/{name}", h.mapRows)
 			r.With(accepts()).Get("/ebpf/interfaces/{ifindex}", h.interfaceRows)
 		})
-		r.With(h.authorize(RoleAdmin, "create"), accepts("dryRun")).Post("/passes", h.force)
+		r.With(h.authorize(RoleAdmin, "create"), accepts("dryRun", "allowMassRemoval")).Post("/passes", h.force)
 	})
 	return r
 }
@@ -399,8 +399,28 @@ func (h *handler) pending(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, r, http.StatusOK, pendingRows(h.b.Taps.Pending()))
 }
 
+// GET /v1/passes serves the newest reports only, DefaultPasses unless
+// ?limit= asks for up to MaxPasses: a report is bounded (reclaim keeps no
+// list of the cluster's objects in it), and the count bounds the body.
+const (
+	DefaultPasses = 8
+	// MaxPasses is the reports the reclaim keeps (reclaim.Config.History's
+	// default); a larger limit could return no more.
+	MaxPasses = 32
+)
+
 func (h *handler) passes(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, r, http.StatusOK, reportRows(h.b.Passes.Reports()))
+	limit := DefaultPasses
+	if v := r.URL.Query().Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > MaxPasses {
+			writeError(w, r, http.StatusBadRequest, fmt.Sprintf("limit %q: want a number of reports from 1 to %d (default %d), newest first", v, MaxPasses, DefaultPasses))
+			return
+		}
+		limit = n
+	}
+	reports := h.b.Passes.Reports()
+	writeJSON(w, r, http.StatusOK, reportRows(reports[:min(limit, len(reports))]))
 }
 
 func (h *handler) lastPass(w http.ResponseWriter, r *http.Request) {
@@ -417,14 +437,16 @@ func (h *handler) force(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, http.StatusForbidden, "forced passes are disabled on this node (--admin-forces-per-minute 0)")
 		return
 	}
-	dryRun := false
-	if v := r.URL.Query().Get("dryRun"); v != "" {
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			writeError(w, r, http.StatusBadRequest, "dryRun must be true or false")
-			return
+	var opts reclaim.PassOptions
+	for name, to := range map[string]*bool{"dryRun": &opts.DryRun, "allowMassRemoval": &opts.AllowMassRemoval} {
+		if v := r.URL.Query().Get(name); v != "" {
+			b, err := strconv.ParseBool(v)
+			if err != nil {
+				writeError(w, r, http.StatusBadRequest, name+" must be true or false")
+				return
+			}
+			*to = b
 		}
-		dryRun = b
 	}
 	// The body is optional and ignored, but read so that an oversized one
 	// is refused rather than silently dropped.
@@ -442,8 +464,14 @@ func (h *handler) force(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, http.StatusTooManyRequests, fmt.Sprintf("more than %d forced passes a minute", h.cfg.ForcesPerMinute))
 		return
 	}
-	h.log.Info("pass forced", "dry_run", dryRun)
-	writeJSON(w, r, http.StatusOK, h.b.Passes.ForcePass(r.Context(), dryRun))
+	// Releasing the brake is an operator's decision about many tenants'
+	// taps: it is logged at warn (the access log names the principal).
+	if opts.AllowMassRemoval {
+		h.log.Warn("pass forced with mass removal allowed", "dry_run", opts.DryRun)
+	} else {
+		h.log.Info("pass forced", "dry_run", opts.DryRun)
+	}
+	writeJSON(w, r, http.StatusOK, h.b.Passes.ForcePass(r.Context(), opts))
 }
 
 func (h *handler) maps(w http.ResponseWriter, r *http.Request) {

@@ -345,7 +345,8 @@ func (h *cniHost) reclaimer(ids ...identity.Identity) *reclaim.Reclaimer {
 	// The plugin's taps are single-queue: only the kernel probe proves
 	// them free, as the daemon's reclaim does.
 	return reclaim.New(conn, &inventory.Static{Objects: objs, Synced: true}, attachreg.New(dp, h.host.File, nil), locks, nil, nil,
-		reclaim.Config{Prober: holder.Prober{NS: h.host.File, Links: conn}})
+		// The brake is off: these scenes hold a few taps, all stale.
+		reclaim.Config{Prober: holder.Prober{NS: h.host.File, Links: conn}, MassRemovalShare: 1, InventoryShrinkShare: 1, MaxReclaimsPerPass: -1})
 }
 
 // TestConcurrentAddsAndReclaimPassesNeverLoseATap runs 20 ADDs into one VRF

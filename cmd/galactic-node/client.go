@@ -47,8 +47,9 @@ commands:
   status          version, node, dry-run, readiness, the last and next pass, the inventory, map fill
   taps            every tenant tap and its state
   pending         candidates waiting for a confirming pass
-  passes          recent pass reports
-  pass            force a pass now (admin); --dry-run removes nothing
+  passes          recent pass reports, newest first (--limit N, default 8, at most 32)
+  pass            force a pass now (admin); --dry-run removes nothing;
+                  --allow-mass-removal releases the mass-removal brake
   maps [NAME]     the eBPF maps; with a NAME, its rows (--ifindex N, --limit N)
   rows IFINDEX    the eBPF rows of one interface
 
@@ -59,14 +60,14 @@ flags:
   --timeout DURATION        give up after this long (default 30s; pass: 2m)
 
 exit codes: 0 done (status: ready), 1 failed or unreachable, 2 usage,
-3 refused, 4 not ready / pass not completed, 5 rate-limited`
+3 refused, 4 not ready / pass not completed or braked, 5 rate-limited`
 
 // clientOpts are the client subcommands' flags.
 type clientOpts struct {
 	output            string
 	socket, tokenFile *string
 	timeout           *time.Duration
-	dryRun            *bool
+	dryRun, allowMass *bool
 	ifindex           *uint
 	limit             *int
 }
@@ -81,13 +82,16 @@ func clientFlagSet(cmd string, o *clientOpts) *flag.FlagSet {
 	o.socket = fs.String("socket", "/run/galactic/admin.sock", "admin socket")
 	o.tokenFile = fs.String("token-file", "", "a file holding a bearer token")
 	o.timeout = fs.Duration("timeout", 0, "give up after this long")
-	o.dryRun, o.ifindex, o.limit = new(bool), new(uint), new(int)
+	o.dryRun, o.allowMass, o.ifindex, o.limit = new(bool), new(bool), new(uint), new(int)
 	switch cmd {
 	case "pass":
 		fs.BoolVar(o.dryRun, "dry-run", false, "compute and report, remove nothing")
+		fs.BoolVar(o.allowMass, "allow-mass-removal", false, "release the mass-removal brake: this pass removes what it holds back (at the per-pass cap's pace)")
 	case "maps":
 		fs.UintVar(o.ifindex, "ifindex", 0, "with a map NAME: only the rows of this interface")
 		fs.IntVar(o.limit, "limit", 0, "with a map NAME: at most this many rows (the daemon's default 100, at most 10000)")
+	case "passes":
+		fs.IntVar(o.limit, "limit", 0, fmt.Sprintf("at most this many reports, newest first (the daemon's default %d, at most %d)", admin.DefaultPasses, admin.MaxPasses))
 	}
 	return fs
 }
@@ -173,6 +177,9 @@ func runClient(ctx context.Context, cmd string, args []string, stdout, stderr io
 		method = http.MethodPost
 		if *dryRun {
 			query.Set("dryRun", "true")
+		}
+		if *o.allowMass {
+			query.Set("allowMassRemoval", "true")
 		}
 	}
 	// status and pass decide their exit code from what they read, so they
@@ -298,6 +305,12 @@ type passReport struct {
 		Error string `json:"error"`
 	} `json:"failed"`
 	RolledOver int `json:"rolledOver"`
+	Brake      *struct {
+		Engaged  bool   `json:"engaged"`
+		Reason   string `json:"reason"`
+		Held     int    `json:"held"`
+		Released string `json:"released"`
+	} `json:"brake"`
 }
 
 type tapRef struct {
@@ -334,8 +347,16 @@ func printPass(stdout, stderr io.Writer, body []byte, output string) int {
 		for _, f := range rep.Failed {
 			fmt.Fprintf(stdout, "failed %s (ifindex %d) at %s: %q\n", f.Tap.Name, f.Tap.Ifindex, f.Stage, f.Error)
 		}
+		if b := rep.Brake; b != nil && b.Released != "" {
+			fmt.Fprintf(stdout, "mass-removal brake released %s\n", b.Released)
+		}
+		if b := rep.Brake; b != nil && b.Engaged {
+			fmt.Fprintf(stdout, "mass-removal brake engaged, %d confirmed taps held: %s\n", b.Held, b.Reason)
+			fmt.Fprintln(stdout, "check that their objects are gone on purpose, then: galactic-node pass --allow-mass-removal")
+		}
 	}
-	if rep.Result != "completed" {
+	// A braked pass removed nothing it meant to: scripts see it as not done.
+	if rep.Result != "completed" || (rep.Brake != nil && rep.Brake.Engaged) {
 		return exitNotDone
 	}
 	return exitOK

@@ -51,7 +51,9 @@ type daemonFlags struct {
 	interval, minCandidateAge             time.Duration
 	inventoryMaxAge, proofTimeout         time.Duration
 	dryRun                                bool
-	maxReclaims                           int
+	maxReclaims, massRemovalMin           int
+	massRemovalShare, shrinkShare         float64
+	shrinkWindow, brakeReleaseAfter       time.Duration
 	bpffs, vrfLockDir, cniDataDir         string
 	layoutRecord                          string
 	adminSocket, adminListen              string
@@ -71,10 +73,15 @@ func daemonFlagSet(f *daemonFlags) *flag.FlagSet {
 	fs.StringVar(&f.inventoryFile, "inventory-file", "", "read the inventory from this YAML file instead of the cluster")
 	fs.DurationVar(&f.interval, "interval", time.Minute, "time between passes; 0 runs passes only when forced")
 	fs.DurationVar(&f.minCandidateAge, "min-candidate-age", 5*time.Minute, "how long a tap must have been seen stale before a pass may remove it, on top of two passes; 0 only for labs and tests")
-	fs.DurationVar(&f.inventoryMaxAge, "inventory-max-age", 5*time.Minute, "readiness fails when the cluster inventory was last proven current (a consistent read or a watch event; a quiet API server sends each watch a bookmark about every 2 min) longer ago than this; 0 disables")
-	fs.DurationVar(&f.proofTimeout, "inventory-proof-timeout", 10*time.Second, "bound on the consistent read of the API server that must precede every removal")
+	fs.DurationVar(&f.inventoryMaxAge, "inventory-max-age", 5*time.Minute, "readiness fails when the newest consistent read of the API server that succeeded started longer ago than this (watch events do not count: they may arrive late); the daemon probes with one every quarter of this (at least every 1s; every 75s with 0), so an API server or link d behind keeps the age at d or more; 0 disables")
+	fs.DurationVar(&f.proofTimeout, "inventory-proof-timeout", 10*time.Second, "bound on each request (each page of 5000 objects, each probe) of the consistent reads of the API server; the read that must precede every removal has as many pages as there are objects")
 	fs.BoolVar(&f.dryRun, "dry-run", false, "compute and report every pass, remove nothing")
-	fs.IntVar(&f.maxReclaims, "max-reclaims-per-pass", 0, "cap on removals per pass, the rest roll over (0: no cap)")
+	fs.IntVar(&f.maxReclaims, "max-reclaims-per-pass", reclaim.DefaultMaxReclaimsPerPass, "cap on removals per pass, the rest roll over (0: no cap)")
+	fs.Float64Var(&f.massRemovalShare, "mass-removal-share", reclaim.DefaultMassRemovalShare, "the brake engages, and passes remove nothing, when the taps confirmed stale at once are more than this share of the node's stamped taps and at least --mass-removal-min (1 turns this rule off)")
+	fs.IntVar(&f.massRemovalMin, "mass-removal-min", reclaim.DefaultMassRemovalMin, "fewest taps confirmed stale at once, or identities gone from the inventory, that may engage the brake")
+	fs.Float64Var(&f.shrinkShare, "inventory-shrink-share", reclaim.DefaultInventoryShrinkShare, "the brake engages when the identities the cluster carries fell by more than this share of their peak within --inventory-shrink-window while a pass has taps to remove (1 turns this rule off)")
+	fs.DurationVar(&f.shrinkWindow, "inventory-shrink-window", reclaim.DefaultShrinkWindow, "how far back the inventory's peak is looked for")
+	fs.DurationVar(&f.brakeReleaseAfter, "mass-removal-release-after", reclaim.DefaultBrakeReleaseAfter, "an engaged brake releases on its own once the inventory has shrunk no further for this long (0: only `galactic-node pass --allow-mass-removal` releases it)")
 	fs.StringVar(&f.bpffs, "bpffs", "/sys/fs/bpf", "bpf filesystem; maps are pinned under <bpffs>/galactic")
 	fs.StringVar(&f.layoutRecord, "layout-record", datapath.DefaultLayoutRecord, "where to record the pinned maps' layout once opened, which install-cni checks a new plugin against (empty: none)")
 	fs.StringVar(&f.vrfLockDir, "vrf-lock-dir", vrf.DefaultDir, "folder of the per-VRF lock files shared with the CNI plugin")
@@ -141,7 +148,19 @@ func parseDaemonFlagsUnchecked(args, environ []string, stdout io.Writer) (*daemo
 		return nil, errors.New("--pass-stuck-after must be positive")
 	}
 	if f.maxReclaims < 0 {
-		return nil, errors.New("--max-reclaims-per-pass must not be negative")
+		return nil, errors.New("--max-reclaims-per-pass must not be negative (0: no cap)")
+	}
+	if f.massRemovalShare <= 0 || f.shrinkShare <= 0 {
+		return nil, errors.New("--mass-removal-share and --inventory-shrink-share must be positive (1 turns a rule off)")
+	}
+	if f.massRemovalMin < 1 {
+		return nil, errors.New("--mass-removal-min must be at least 1")
+	}
+	if f.shrinkWindow <= 0 {
+		return nil, errors.New("--inventory-shrink-window must be positive")
+	}
+	if f.brakeReleaseAfter < 0 {
+		return nil, errors.New("--mass-removal-release-after must not be negative (0: only an operator releases the brake)")
 	}
 	if f.adminForcesPerMinute < 0 {
 		return nil, errors.New("--admin-forces-per-minute must not be negative (0 disables forced passes)")
@@ -191,6 +210,19 @@ func isLoopback(addr string) bool {
 	}
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
+}
+
+// probeInterval is how often the cluster inventory probes the API server
+// with a consistent read for readiness's --inventory-max-age: four probes
+// an age bound, so that one slow or lost probe does not fail readiness on
+// its own, but no more than one a second (2 small requests each). With the
+// bound off (0), the probe still feeds galactic_cni_inventory_age_seconds,
+// whose alert fires beyond 5 min: a probe every 75 s, as for the default.
+func probeInterval(maxAge time.Duration) time.Duration {
+	if maxAge <= 0 {
+		maxAge = 5 * time.Minute
+	}
+	return max(maxAge/4, time.Second)
 }
 
 func kubeConfig(path string) (*rest.Config, error) {
@@ -269,7 +301,7 @@ func runDaemon(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 	if f.inventoryFile != "" {
 		inv = inventory.NewFile(f.inventoryFile)
 	} else {
-		ci, err := kubeinventory.NewCluster(cfg, log)
+		ci, err := kubeinventory.NewCluster(cfg, log, kubeinventory.Options{PageTimeout: f.proofTimeout, ProbeInterval: probeInterval(f.inventoryMaxAge)})
 		if err != nil {
 			return err
 		}
@@ -300,8 +332,16 @@ func runDaemon(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 	if ok, why := holders.Scan(ctx).Complete(); !ok {
 		log.Info("the holder scan cannot see every process: HOLDERS may miss some; removals do not depend on it", "why", why)
 	}
-	rcfg := reclaim.Config{DryRun: f.dryRun, MaxReclaimsPerPass: f.maxReclaims, MinCandidateAge: f.minCandidateAge, ProveTimeout: f.proofTimeout,
-		Prober: holder.Prober{Links: conn}}
+	rcfg := reclaim.Config{DryRun: f.dryRun, MaxReclaimsPerPass: f.maxReclaims, MinCandidateAge: f.minCandidateAge,
+		MassRemovalShare: f.massRemovalShare, MassRemovalMin: f.massRemovalMin, InventoryShrinkShare: f.shrinkShare,
+		ShrinkWindow: f.shrinkWindow, BrakeReleaseAfter: f.brakeReleaseAfter, Prober: holder.Prober{Links: conn}}
+	// The flags say 0 for "none"; the reclaim's zero values are defaults.
+	if f.maxReclaims == 0 {
+		rcfg.MaxReclaimsPerPass = -1
+	}
+	if f.brakeReleaseAfter == 0 {
+		rcfg.BrakeReleaseAfter = -1
+	}
 	// Each pass may remove taps whose records then name nothing: the
 	// record collection runs after it.
 	passDone := make(chan struct{}, 1)

@@ -82,19 +82,22 @@ const (
 
 // TapView is one tenant tap as an operator sees it.
 type TapView struct {
-	Name       string                `json:"name"`
-	Ifindex    uint32                `json:"ifindex"`
-	Identity   identity.Identity     `json:"identity"`
-	VPC        string                `json:"vpc"`
-	Attachment string                `json:"attachment"`
-	Owner      string                `json:"owner"`
-	Master     string                `json:"master"`
-	MasterKind string                `json:"masterKind"`
-	Held       bool                  `json:"held"`
-	HeldWhy    string                `json:"heldWhy,omitempty"`
-	Holders    []holder.Holder       `json:"holders,omitempty"`
-	CarriedBy  []inventory.ObjectRef `json:"carriedBy"`
-	State      TapState              `json:"state"`
+	Name       string            `json:"name"`
+	Ifindex    uint32            `json:"ifindex"`
+	Identity   identity.Identity `json:"identity"`
+	VPC        string            `json:"vpc"`
+	Attachment string            `json:"attachment"`
+	Owner      string            `json:"owner"`
+	Master     string            `json:"master"`
+	MasterKind string            `json:"masterKind"`
+	Held       bool              `json:"held"`
+	HeldWhy    string            `json:"heldWhy,omitempty"`
+	Holders    []holder.Holder   `json:"holders,omitempty"`
+	// CarriedBy names at most inventory.MaxNamed of the objects that carry
+	// the identity; Carriers counts them all.
+	CarriedBy []inventory.ObjectRef `json:"carriedBy"`
+	Carriers  int                   `json:"carriers"`
+	State     TapState              `json:"state"`
 	// Program is what the tap's pinned link runs; nil when none is
 	// attached.
 	Program *attachreg.Program `json:"program,omitempty"`
@@ -134,8 +137,9 @@ func (v *Views) Taps(ctx context.Context) ([]TapView, error) {
 		view := TapView{
 			Name: t.Name, Ifindex: t.Index, Identity: t.Identity, VPC: t.Identity.VPC.Base62(), Attachment: t.Identity.Attachment.Base62(),
 			Owner: t.Owner(), Master: names[t.Master], MasterKind: t.MasterKind, Held: held, HeldWhy: why,
-			Holders: holders, CarriedBy: snap.Carriers(t.Identity),
+			Holders: holders,
 		}
+		view.CarriedBy, view.Carriers = inventory.Named(snap.Carriers(t.Identity))
 		if view.CarriedBy == nil {
 			view.CarriedBy = []inventory.ObjectRef{}
 		}
@@ -187,8 +191,8 @@ func (v *Views) Pending() []reclaim.Pending {
 
 // ForcePass runs a pass now, after any in flight. Like every pass, it runs
 // to its end even if ctx is cancelled (see reclaim.Reclaimer.Pass).
-func (v *Views) ForcePass(ctx context.Context, dryRun bool) reclaim.Report {
-	return v.Reclaimer.Pass(ctx, reclaim.PassOptions{DryRun: dryRun})
+func (v *Views) ForcePass(ctx context.Context, opts reclaim.PassOptions) reclaim.Report {
+	return v.Reclaimer.Pass(ctx, opts)
 }
 
 // Reports returns recent pass reports, newest first.
@@ -208,7 +212,13 @@ func (v *Views) Ready(ctx context.Context) error {
 		return inventory.ErrNotSynced
 	}
 	if p, ok := v.Inventory.(inventory.Prover); ok && v.MaxInventoryAge > 0 {
-		if age := time.Since(p.ProvenAt()); age > v.MaxInventoryAge {
+		at := p.ProvenAt()
+		if at.IsZero() {
+			return fmt.Errorf("%w: no consistent read of the API server has succeeded yet", inventory.ErrNotProvenCurrent)
+		}
+		// The age runs from the start of the newest consistent read that
+		// succeeded, so a slow API server or link shows in it.
+		if age := time.Since(at); age > v.MaxInventoryAge {
 			return fmt.Errorf("%w: last proven %s ago, bound %s", inventory.ErrNotProvenCurrent, age.Round(time.Second), v.MaxInventoryAge)
 		}
 	}
@@ -220,6 +230,9 @@ type Status struct {
 	Ready    bool             `json:"ready"`
 	Reason   string           `json:"reason,omitempty"`
 	Schedule reclaim.Schedule `json:"schedule"`
+	// Brake is the mass-removal brake: while engaged, passes remove
+	// nothing until an operator releases it or the inventory stays stable.
+	Brake reclaim.Brake `json:"brake"`
 	// LastPass is the newest pass's report without its lists.
 	LastPass *PassSummary `json:"lastPass,omitempty"`
 	// InventoryProvenAt is when the cluster inventory last showed itself
@@ -297,7 +310,7 @@ type MapFill struct {
 // Status gathers readiness, the pass schedule, the last pass, the
 // inventory's health and how full each map is.
 func (v *Views) Status(ctx context.Context) Status {
-	st := Status{Ready: true, Schedule: v.Reclaimer.Schedule(), Maps: []MapFill{}}
+	st := Status{Ready: true, Schedule: v.Reclaimer.Schedule(), Brake: v.Reclaimer.Brake(), Maps: []MapFill{}}
 	if err := v.Ready(ctx); err != nil {
 		st.Ready, st.Reason = false, err.Error()
 	}

@@ -161,7 +161,7 @@ func reclaimWith(s *scene, links reclaim.Links, cfg reclaim.Config) *reclaim.Rec
 	if cfg.Prober == nil {
 		cfg.Prober = holder.Prober{NS: s.ns.File, Links: links}
 	}
-	return reclaim.New(links, s.inv, s.reg, s.locks, s.metrics, nil, cfg)
+	return reclaim.New(links, s.inv, s.reg, s.locks, s.metrics, nil, reclaim.BrakeOffUnlessSet(cfg))
 }
 
 // startInventory runs a cluster inventory over cfg until the test ends.

@@ -10,6 +10,9 @@ import (
 	"github.com/datum-cloud/galactic-node/node/tun/holder"
 )
 
+// BrakeOffUnlessSet is brakeOffUnlessSet, for the external tests.
+var BrakeOffUnlessSet = brakeOffUnlessSet
+
 // BreakHeldCheck, BreakCarriedCheck and BreakRemoval are the deliberately
 // broken variants the chaos suite must catch: every holder check off, every
 // inventory check off, and no removal at all. They wrap the reclaimer's

@@ -149,14 +149,18 @@ func (r *fakeRegistry) UnregisterInterface(_ context.Context, ifindex uint32) er
 }
 
 // fakeLocker grants every lock except those of busy VPCs.
-type fakeLocker struct{ busy map[identity.VPC]bool }
+type fakeLocker struct {
+	busy map[identity.VPC]bool
+	held int // locks taken and not yet released
+}
 
 func (l *fakeLocker) Lock(ctx context.Context, vpc identity.VPC) (func(), error) {
 	if l.busy[vpc] {
 		<-ctx.Done()
 		return nil, fmt.Errorf("lock vrf %s: %w", vpc.VRFName(), ctx.Err())
 	}
-	return func() {}, nil
+	l.held++
+	return func() { l.held-- }, nil
 }
 
 var errInjected = errors.New("injected fault")

@@ -185,7 +185,7 @@ func TestTheKernelProbeDecidesASingleQueueTap(t *testing.T) {
 	}
 	before := s.rowsJSON(held.Index)
 
-	blind := reclaim.New(s.links, s.inv, s.reg, s.locks, nil, nil, reclaim.Config{})
+	blind := reclaim.New(s.links, s.inv, s.reg, s.locks, nil, nil, reclaim.BrakeOffUnlessSet(reclaim.Config{}))
 	for range 3 {
 		rep := blind.Pass(context.Background(), reclaim.PassOptions{})
 		if !s.exists(held) || !s.exists(free) || len(rep.Reclaimed) != 0 {

@@ -1,7 +1,6 @@
 package reclaim
 
 import (
-	"github.com/datum-cloud/galactic-node/node/inventory"
 	"github.com/datum-cloud/galactic-node/node/teardown"
 )
 
@@ -35,14 +34,24 @@ const (
 	MapDecisions = "decisions" // decision counters of identities no interface names
 )
 
+// MalformedCount is how many objects of each kind the inventory could not
+// read: their identity fields are set but do not parse.
+type MalformedCount struct {
+	Attachments    int // VPCAttachments
+	Advertisements int // BGPAdvertisements
+}
+
 // Observer is told what the reclaim does, for metrics (reclaimmetrics
 // exports it to Prometheus). It is an interface so that the reclaim links
 // no metrics library. Its methods are called from the pass, so they must
 // not block.
 type Observer interface {
-	// Malformed is called with exactly the objects of each pass's snapshot
-	// that could not be read, none included.
-	Malformed(refs []inventory.ObjectRef)
+	// Malformed is called, every pass, with how many objects of each kind
+	// in the pass's snapshot could not be read, zeros included. Counts, not
+	// the objects: their names are the tenants' to choose and as many as
+	// they make, so a metric labelled by them would grow without bound on
+	// every node (the pass's report names a few, MalformedSample).
+	Malformed(c MalformedCount)
 	// PassDone is called with the report of every pass, and the candidates
 	// pending after it.
 	PassDone(rep Report, pending int)

@@ -7,9 +7,13 @@
 //
 // Every rule errs on the side of keeping a tap. A pass removes nothing unless
 // the inventory is healthy; a candidate is removed only by the pass after the
-// one that found it; just before removal, under the tap's VRF lock, the link
-// is read again and the identity checked against a fresh snapshot. Its eBPF
-// rows go through attachreg, as CNI DEL's do, and the kernel takes its routes.
+// one that found it; a pass that would remove a mass of taps at once removes
+// none until released (the brake, brake.go); before any lock is taken, an
+// inventory that caches the API server is proven current by a consistent
+// read of it; just before removal, under the tap's VRF lock, the link is read
+// again and the identity checked against a fresh snapshot and that proof. Its
+// eBPF rows go through attachreg, as CNI DEL's do, and the kernel takes its
+// routes.
 //
 // The package knows nothing of Kubernetes or HTTP: it takes the link layer,
 // the inventory, the registry and the lock as interfaces.
@@ -47,8 +51,18 @@ type Config struct {
 	// roll a node out in before letting it remove anything.
 	DryRun bool
 	// MaxReclaimsPerPass caps removals per pass; confirmed taps beyond it
-	// roll over to the next pass. 0 means no cap.
+	// roll over to the next pass. 0 means DefaultMaxReclaimsPerPass, a
+	// negative value no cap.
 	MaxReclaimsPerPass int
+	// MassRemovalShare, MassRemovalMin, InventoryShrinkShare, ShrinkWindow
+	// and BrakeReleaseAfter tune the mass-removal brake (brake.go); zero
+	// values take the defaults. A share of 1 or more turns its rule off; a
+	// negative BrakeReleaseAfter means only an operator releases it.
+	MassRemovalShare     float64
+	MassRemovalMin       int
+	InventoryShrinkShare float64
+	ShrinkWindow         time.Duration
+	BrakeReleaseAfter    time.Duration
 	// LockTimeout bounds the wait for VRF locks; a tap whose lock is not
 	// had in time is kept and counted as a lock failure. Default 10 s.
 	LockTimeout time.Duration
@@ -59,10 +73,6 @@ type Config struct {
 	// forced a moment apart must not take a tap whose VMM has not opened
 	// it yet. 0 means no minimum.
 	MinCandidateAge time.Duration
-	// ProveTimeout bounds the consistent read that proves, before any
-	// removal, that the inventory is as new as the API server (for a
-	// source that is an inventory.Prover). Default 10 s.
-	ProveTimeout time.Duration
 	// Prober claims each confirmed tap before its delete (holder.Prober):
 	// the kernel's answer to an attach is what proves a single-queue tap
 	// free. nil keeps every single-queue tap.
@@ -90,7 +100,11 @@ type Reclaimer struct {
 	// first pass after a partition heals only marks. Only passes touch it.
 	unproven error
 
+	// brake is the mass-removal brake's memory; only passes touch it.
+	brake brakeState
+
 	mu         sync.Mutex // guards what views read between passes
+	brakeView  Brake
 	candidates map[uint32]candidate
 	orphans    map[uint32]orphan
 	history    []Report
@@ -125,8 +139,29 @@ func New(links Links, inv inventory.Source, reg Registry, locks Locker, obs Obse
 	if cfg.History <= 0 {
 		cfg.History = 32
 	}
-	if cfg.ProveTimeout <= 0 {
-		cfg.ProveTimeout = 10 * time.Second
+	switch {
+	case cfg.MaxReclaimsPerPass == 0:
+		cfg.MaxReclaimsPerPass = DefaultMaxReclaimsPerPass
+	case cfg.MaxReclaimsPerPass < 0:
+		cfg.MaxReclaimsPerPass = 0
+	}
+	if cfg.MassRemovalShare <= 0 {
+		cfg.MassRemovalShare = DefaultMassRemovalShare
+	}
+	if cfg.MassRemovalMin <= 0 {
+		cfg.MassRemovalMin = DefaultMassRemovalMin
+	}
+	if cfg.InventoryShrinkShare <= 0 {
+		cfg.InventoryShrinkShare = DefaultInventoryShrinkShare
+	}
+	if cfg.ShrinkWindow <= 0 {
+		cfg.ShrinkWindow = DefaultShrinkWindow
+	}
+	switch {
+	case cfg.BrakeReleaseAfter == 0:
+		cfg.BrakeReleaseAfter = DefaultBrakeReleaseAfter
+	case cfg.BrakeReleaseAfter < 0:
+		cfg.BrakeReleaseAfter = 0
 	}
 	remover := &teardown.Remover{Links: links, Registry: reg, Locks: locks, Prober: cfg.Prober, LockTimeout: cfg.LockTimeout, Log: log}
 	return &Reclaimer{links: links, inv: inv, reg: reg, locks: locks, obs: obs, log: log, cfg: cfg, remover: remover}
@@ -222,6 +257,11 @@ type PassOptions struct {
 	// DryRun computes and reports, removing nothing. Candidates are still
 	// tracked, so a dry run shows what the next real pass would confirm.
 	DryRun bool
+	// AllowMassRemoval releases the mass-removal brake, engaged or about
+	// to engage: the candidates of this pass go, at the per-pass cap's
+	// pace. An operator's word, after checking that the objects are gone
+	// on purpose.
+	AllowMassRemoval bool
 }
 
 // Pass runs one pass now, after any pass in flight, and returns its report.
@@ -268,11 +308,10 @@ func (r *Reclaimer) pass(ctx context.Context, opts PassOptions) Report {
 
 	snap := r.inv.Snapshot(ctx)
 	rep.Inputs.Identities, rep.Inputs.Attachments, rep.Inputs.Advertisements = snap.Identities(), snap.Attachments, snap.Advertisements
-	for _, m := range snap.Malformed {
-		rep.Inputs.Malformed = append(rep.Inputs.Malformed, m.String())
-	}
+	// A count and a capped sample: the report is kept and served.
+	malformed := malformedInputs(&rep.Inputs, &snap)
 	if r.obs != nil {
-		r.obs.Malformed(snap.Malformed)
+		r.obs.Malformed(malformed)
 	}
 	if err := snap.Healthy(); err != nil {
 		rep.Result, rep.Reason = ResultSkipped, "inventory not trustworthy, nothing removed and every candidate forgotten: "+err.Error()
@@ -324,6 +363,23 @@ func (r *Reclaimer) pass(ctx context.Context, opts PassOptions) Report {
 			r.log.Info("stale tap candidate", "tap", c.Tap.Name, "ifindex", c.Tap.Ifindex, "owner", c.Tap.Owner, "why", c.Why)
 		}
 	}
+	peak := r.observeSize(now, snap.Identities())
+	brake := r.applyBrake(now, confirmed, next, len(stamped), peak, snap.Identities(), opts)
+	r.publishBrake()
+	if brake.Engaged || brake.Released != "" {
+		rep.Brake = &brake
+	}
+	if brake.Engaged {
+		// The candidates stay tracked, so that a release removes them in
+		// its own pass; the orphan collection is no tenant's business.
+		rep.Reason = "mass-removal brake engaged, nothing removed: " + brake.Reason
+		r.mu.Lock()
+		r.candidates = next
+		r.mu.Unlock()
+		r.collectOrphans(ctx, links, opts.DryRun, &rep)
+		rep.Result = ResultCompleted
+		return rep
+	}
 	slices.SortFunc(confirmed, func(a, b candidate) int { return cmp.Compare(a.Ifindex, b.Ifindex) })
 	if max := r.cfg.MaxReclaimsPerPass; max > 0 && len(confirmed) > max {
 		rep.RolledOver = len(confirmed) - max
@@ -369,11 +425,10 @@ func (r *Reclaimer) reprove(ctx context.Context) error {
 	return nil
 }
 
-// prove reads the API server consistently, within ProveTimeout, and
-// returns what it holds if that is healthy.
+// prove reads the API server consistently and returns what it holds if
+// that is healthy. The Prover bounds each request it makes, so that the
+// read's bound grows with what there is to read.
 func (r *Reclaimer) prove(ctx context.Context, p inventory.Prover) (inventory.Snapshot, error) {
-	ctx, cancel := context.WithTimeout(ctx, r.cfg.ProveTimeout)
-	defer cancel()
 	proof, err := p.Prove(ctx)
 	if err == nil {
 		err = proof.Healthy()
@@ -401,19 +456,28 @@ func (r *Reclaimer) record(rep Report) {
 	}
 }
 
-// remove hands the confirmed taps to the teardown, rechecking them under
-// the VRF locks against a fresh inventory snapshot and, for an inventory that
-// caches the API server, against a consistent read of it: a cache can be
-// behind (a partition, a dead API server, a re-created object), and only the
-// API server's own answer at that moment may justify a removal. It returns
-// the error that kept every tap when the inventory could not be proven
-// current.
+// remove hands the confirmed taps to the teardown. For an inventory that
+// caches the API server it first reads the API server consistently: a cache
+// can be behind (a partition, a dead API server, a re-created object), and
+// only the API server's own answer may justify a removal. That read comes
+// before any VRF lock is taken, since it lasts as long as the API server is
+// slow and CNI ADD in the same VPC waits for the lock; under the locks, the
+// taps are rechecked against that proof and a fresh snapshot of the cache,
+// which makes no request. It returns the error that kept every tap when the
+// inventory could not be proven current.
 func (r *Reclaimer) remove(ctx context.Context, confirmed []candidate, dump []link.Link, dryRun bool, rep *Report) error {
 	targets := make([]teardown.TapRef, len(confirmed))
 	for i, c := range confirmed {
 		targets[i] = c.TapRef
 	}
 	recheck := &inventoryRecheck{r: r}
+	if p, ok := r.inv.(inventory.Prover); ok {
+		proof, err := r.prove(ctx, p)
+		if err != nil {
+			return err
+		}
+		recheck.proof = &proof
+	}
 	out := r.remover.Remove(ctx, targets, teardown.Options{DryRun: dryRun, Dump: dump, Recheck: recheck})
 	rep.Reclaimed, rep.WouldReclaim, rep.Kept, rep.Failed = out.Removed, out.WouldRemove, out.Kept, out.Failed
 	firstSeen := make(map[uint32]time.Time, len(confirmed))
@@ -424,35 +488,30 @@ func (r *Reclaimer) remove(ctx context.Context, confirmed []candidate, dump []li
 		r.log.Info("stale tap reclaimed", "tap", t.Name, "ifindex", t.Ifindex, "owner", t.Owner,
 			"identity", t.Identity.String(), "first_seen", firstSeen[t.Ifindex])
 	}
-	return recheck.notProven
+	return nil
 }
 
 // inventoryRecheck is a pass's last word on its confirmed taps, asked under
-// the VRF locks after the links were read again: a fresh snapshot and, for
-// an inventory that caches the API server, a consistent read of it.
+// the VRF locks after the links were read again: a fresh snapshot of the
+// inventory and, for one that caches the API server, the consistent read
+// made just before the locks were taken. It makes no request: a lock is
+// held while it runs.
 type inventoryRecheck struct {
 	r     *Reclaimer
+	proof *inventory.Snapshot
 	snaps []*inventory.Snapshot
-	// notProven is the error of a failed proof that the inventory is
-	// current, which kept every tap.
-	notProven error
 }
 
 func (c *inventoryRecheck) Recheck(ctx context.Context) error {
 	// Taken after the links were read again, so an attachment that
-	// appeared while they were being read is seen.
+	// appeared while they were being read, or since the proof, is seen.
 	fresh := c.r.inv.Snapshot(ctx)
 	if err := fresh.Healthy(); err != nil {
 		return fmt.Errorf("fresh inventory not trustworthy: %w", err)
 	}
 	c.snaps = []*inventory.Snapshot{&fresh}
-	if p, ok := c.r.inv.(inventory.Prover); ok {
-		proof, err := c.r.prove(ctx, p)
-		if err != nil {
-			c.notProven = err
-			return err
-		}
-		c.snaps = append(c.snaps, &proof)
+	if c.proof != nil {
+		c.snaps = append(c.snaps, c.proof)
 	}
 	return nil
 }
@@ -460,7 +519,11 @@ func (c *inventoryRecheck) Recheck(ctx context.Context) error {
 func (c *inventoryRecheck) KeepWhy(t teardown.TapRef) string {
 	for _, s := range c.snaps {
 		if s.Carried(t.Identity) {
-			return fmt.Sprintf("identity %s carried by %v at recheck", t.Identity, s.Carriers(t.Identity))
+			named, total := inventory.Named(s.Carriers(t.Identity))
+			if more := total - len(named); more > 0 {
+				return fmt.Sprintf("identity %s carried by %v and %d more at recheck", t.Identity, named, more)
+			}
+			return fmt.Sprintf("identity %s carried by %v at recheck", t.Identity, named)
 		}
 	}
 	return ""

@@ -37,12 +37,29 @@ type harness struct {
 func newHarness(inv inventory.Source, cfg Config) *harness {
 	h := &harness{links: newFakeLinks(), inv: inv, reg: &fakeRegistry{}, lock: &fakeLocker{}}
 	cfg.LockTimeout = 50 * time.Millisecond
+	cfg = brakeOffUnlessSet(cfg)
 	var src inventory.Source = inventoryFunc(func(ctx context.Context) inventory.Snapshot { return h.inv.Snapshot(ctx) })
 	if p, ok := inv.(inventory.Prover); ok {
 		src = p // not switchable: the test changes what it serves instead
 	}
 	h.r = New(h.links, src, h.reg, h.lock, nil, nil, cfg)
 	return h
+}
+
+// brakeOffUnlessSet turns the mass-removal brake and the per-pass cap off
+// unless cfg sets them: most scenes hold a few taps, all of them stale, and
+// the brake has tests of its own (brake_test.go).
+func brakeOffUnlessSet(cfg Config) Config {
+	if cfg.MassRemovalShare == 0 {
+		cfg.MassRemovalShare = 1
+	}
+	if cfg.InventoryShrinkShare == 0 {
+		cfg.InventoryShrinkShare = 1
+	}
+	if cfg.MaxReclaimsPerPass == 0 {
+		cfg.MaxReclaimsPerPass = -1
+	}
+	return cfg
 }
 
 type inventoryFunc func(context.Context) inventory.Snapshot
@@ -415,6 +432,7 @@ type proverInventory struct {
 	cache, origin *inventory.Static
 	proveErr      error
 	proofs        int
+	onProve       func() // called at the start of each Prove
 }
 
 func (p *proverInventory) Snapshot(ctx context.Context) inventory.Snapshot {
@@ -423,6 +441,9 @@ func (p *proverInventory) Snapshot(ctx context.Context) inventory.Snapshot {
 
 func (p *proverInventory) Prove(ctx context.Context) (inventory.Snapshot, error) {
 	p.proofs++
+	if p.onProve != nil {
+		p.onProve()
+	}
 	if p.proveErr != nil {
 		return inventory.Snapshot{}, p.proveErr
 	}
@@ -518,5 +539,25 @@ func TestOrphanRowsGoOnTheSecondSightingAndLiveRowsNever(t *testing.T) {
 	}
 	if slices.Contains(h.reg.unregistered, liveIdx) || slices.Contains(h.reg.unregistered, 901) {
 		t.Fatalf("rows of a live ifindex were cleared: %v", h.reg.unregistered)
+	}
+}
+
+// The proof reads the API server, as slowly as it answers; CNI ADD in the
+// same VPC waits for the VRF lock. So the proof runs before any lock is
+// taken, and the removal still rests on it. Fails if the proof moves back
+// under the locks.
+func TestTheProofIsReadBeforeAnyVRFLock(t *testing.T) {
+	inv := &proverInventory{cache: liveInventory(), origin: liveInventory()}
+	h := newHarness(inv, Config{})
+	heldAtProof := -1
+	inv.onProve = func() { heldAtProof = h.lock.held }
+	idx := h.links.addTap(stale, "sandbox-2", 0, 0)
+	h.pass(t)
+	rep := h.pass(t)
+	if inv.proofs != 1 || h.links.has(idx) || len(rep.Reclaimed) != 1 {
+		t.Fatalf("proofs %d, report %+v; want one proof and the tap removed", inv.proofs, rep)
+	}
+	if heldAtProof != 0 {
+		t.Fatalf("%d VRF locks held while the API server was read; want none", heldAtProof)
 	}
 }

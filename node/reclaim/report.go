@@ -3,6 +3,7 @@ package reclaim
 import (
 	"time"
 
+	"github.com/datum-cloud/galactic-node/node/inventory"
 	"github.com/datum-cloud/galactic-node/node/teardown"
 )
 
@@ -23,6 +24,9 @@ type Report struct {
 	Kept         []Kept            `json:"kept"`
 	Failed       []Failure         `json:"failed"`
 	RolledOver   int               `json:"rolledOver"`
+	// Brake is set when the mass-removal brake kept every confirmed tap,
+	// or was released, in this pass.
+	Brake *BrakeReport `json:"brake,omitempty"`
 
 	// Orphans are interfaces whose rows or pin outlived their link, as
 	// this pass found them; a second sighting clears them.
@@ -32,15 +36,51 @@ type Report struct {
 	OrphanErrors      []string       `json:"orphanErrors,omitempty"`
 }
 
-// Inputs counts what a pass read.
+// Inputs counts what a pass read. Nothing in it grows with the cluster's
+// objects: the pass keeps its reports (Config.History) and serves them, so a
+// list of what tenants made would cost memory and bytes on every node in
+// proportion to the cluster.
 type Inputs struct {
-	Links          int      `json:"links"`
-	TenantTaps     int      `json:"tenantTaps"`
-	StampedTaps    int      `json:"stampedTaps"`
-	Identities     int      `json:"identities"`
-	Attachments    int      `json:"attachments"`
-	Advertisements int      `json:"advertisements"`
-	Malformed      []string `json:"malformed,omitempty"`
+	Links          int `json:"links"`
+	TenantTaps     int `json:"tenantTaps"`
+	StampedTaps    int `json:"stampedTaps"`
+	Identities     int `json:"identities"`
+	Attachments    int `json:"attachments"`
+	Advertisements int `json:"advertisements"`
+	// MalformedObjects counts the objects whose identity fields are set
+	// but do not parse; MalformedSample names the first MaxMalformedSample
+	// of them (in the inventory's sorted order, so the same ones pass
+	// after pass) and what did not parse in each.
+	MalformedObjects int      `json:"malformedObjects"`
+	MalformedSample  []string `json:"malformedSample,omitempty"`
+}
+
+// MaxMalformedSample bounds Inputs.MalformedSample: enough to find the
+// objects' pattern, a constant however many a tenant makes.
+const MaxMalformedSample = 10
+
+// malformedInputs fills in's malformed count and sample from snap, and
+// returns the count of each kind, for the Observer.
+func malformedInputs(in *Inputs, snap *inventory.Snapshot) MalformedCount {
+	in.MalformedObjects = len(snap.Malformed)
+	in.MalformedSample = nil
+	var c MalformedCount
+	for i, ref := range snap.Malformed {
+		switch ref.Kind {
+		case inventory.AttachmentKind:
+			c.Attachments++
+		case inventory.AdvertisementKind:
+			c.Advertisements++
+		}
+		if i < MaxMalformedSample {
+			s := ref.String()
+			if why := snap.MalformedWhy[ref]; why != "" {
+				s += ": " + why
+			}
+			in.MalformedSample = append(in.MalformedSample, s)
+		}
+	}
+	return c
 }
 
 // TapRef names a tap as a pass saw it.

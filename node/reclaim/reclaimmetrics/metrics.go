@@ -28,6 +28,8 @@ type Metrics struct {
 	orphanRows   *prometheus.CounterVec
 	dryRun       prometheus.Gauge
 	interval     prometheus.Gauge
+	brake        prometheus.Gauge
+	brakeHeld    prometheus.Gauge
 }
 
 // NewMetrics creates the metrics and registers them on reg.
@@ -58,14 +60,25 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "galactic_cni_stale_tap_last_completed_pass_timestamp_seconds",
 			Help: "Unix time at which the last completed reclaim pass finished.",
 		}),
+		// Labelled by kind only: an object's namespace and name are the
+		// tenant's, as many as it makes, and every node would export each
+		// (the pass report names a sample).
 		malformed: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "galactic_cni_inventory_malformed_objects",
-			Help: "1 for each object, named by its labels, whose identity fields are set but cannot be read; while any is listed, passes remove nothing.",
-		}, []string{"kind", "namespace", "name"}),
+			Help: "Objects of each kind (VPCAttachment, BGPAdvertisement) in the last pass's inventory whose identity fields are set but cannot be read; the pass report (inputs.malformedSample) names up to 10.",
+		}, []string{"kind"}),
 		orphanRows: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "galactic_cni_orphan_ebpf_rows_removed_total",
 			Help: "eBPF rows (and, as map=\"tcx_link\", TCX link pins) of interfaces deleted behind the node's back, and (map=\"decisions\") decision counters of identities no interface names, cleared by the orphan collection.",
 		}, []string{"map"}),
+		brake: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "galactic_cni_mass_removal_brake_engaged",
+			Help: "1 while the mass-removal brake holds: too many taps confirmed stale at once, or the cluster's inventory shrank sharply, so passes remove nothing until an operator runs `galactic-node pass --allow-mass-removal` or the inventory stays stable for --mass-removal-release-after.",
+		}),
+		brakeHeld: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "galactic_cni_mass_removal_brake_held_taps",
+			Help: "Confirmed stale taps the mass-removal brake kept in the last pass; 0 while it is not engaged.",
+		}),
 		// The daemon's configuration, set by SetConfig.
 		dryRun: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "galactic_cni_stale_tap_dry_run",
@@ -82,7 +95,8 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	for _, r := range []reclaim.Result{reclaim.ResultCompleted, reclaim.ResultSkipped, reclaim.ResultFailed} {
 		m.passes.WithLabelValues(string(r))
 	}
-	for _, c := range []prometheus.Collector{m.pending, m.reclaimed, m.failures, m.passes, m.passDuration, m.lastPass, m.malformed, m.orphanRows, m.dryRun, m.interval} {
+	m.Malformed(reclaim.MalformedCount{})
+	for _, c := range []prometheus.Collector{m.pending, m.reclaimed, m.failures, m.passes, m.passDuration, m.lastPass, m.malformed, m.orphanRows, m.dryRun, m.interval, m.brake, m.brakeHeld} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -105,13 +119,12 @@ func (m *Metrics) SetConfig(dryRun bool, interval time.Duration) {
 
 var _ reclaim.Observer = (*Metrics)(nil)
 
-// Malformed implements reclaim.Observer: it lists exactly the objects of the
-// last snapshot that could not be read.
-func (m *Metrics) Malformed(refs []inventory.ObjectRef) {
-	m.malformed.Reset()
-	for _, o := range refs {
-		m.malformed.WithLabelValues(o.Kind, o.Namespace, o.Name).Set(1)
-	}
+// Malformed implements reclaim.Observer: both kinds' counts are always
+// exported, 0 included, so that an alert or a dashboard reads a series
+// rather than its absence.
+func (m *Metrics) Malformed(c reclaim.MalformedCount) {
+	m.malformed.WithLabelValues(inventory.AttachmentKind).Set(float64(c.Attachments))
+	m.malformed.WithLabelValues(inventory.AdvertisementKind).Set(float64(c.Advertisements))
 }
 
 // PassDone implements reclaim.Observer.
@@ -122,6 +135,12 @@ func (m *Metrics) PassDone(rep reclaim.Report, pending int) {
 		m.failures.WithLabelValues(string(f.Stage)).Inc()
 	}
 	m.passes.WithLabelValues(string(rep.Result)).Inc()
+	engaged, held := 0.0, 0.0
+	if b := rep.Brake; b != nil && b.Engaged {
+		engaged, held = 1, float64(b.Held)
+	}
+	m.brake.Set(engaged)
+	m.brakeHeld.Set(held)
 	m.passDuration.Observe(rep.Finished.Sub(rep.Started).Seconds())
 	if rep.Result == reclaim.ResultCompleted {
 		m.lastPass.Set(float64(rep.Finished.UnixNano()) / 1e9)
@@ -134,13 +153,14 @@ func (m *Metrics) OrphanRowsCleared(mapName string, n int) {
 }
 
 // RegisterInventoryAge registers galactic_cni_inventory_age_seconds on reg:
-// the seconds since p last showed itself as new as the API server (a
-// consistent read, a list or a watch event), +Inf before the first time. A
-// partitioned node's informers hear nothing, so the age grows.
+// the seconds since the newest consistent read of the API server that
+// succeeded started (inventory.Prover's ProvenAt), +Inf before the first. A
+// partitioned node's reads fail, and a slow API server's start long before
+// they end, so the age grows in both.
 func RegisterInventoryAge(reg prometheus.Registerer, p inventory.Prover) error {
 	return reg.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "galactic_cni_inventory_age_seconds",
-		Help: "Seconds since the inventory was last proven as new as the API server (a consistent read, a list or a watch event, bookmarks included); +Inf before the first.",
+		Help: "Seconds since the start of the newest consistent read of the API server that succeeded (a removing pass's, or the daemon's probe every quarter of --inventory-max-age); watch events do not count; +Inf before the first.",
 	}, func() float64 {
 		at := p.ProvenAt()
 		if at.IsZero() {

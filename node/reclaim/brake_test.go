@@ -1,0 +1,242 @@
+package reclaim
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/datum-cloud/galactic-node/node/identity"
+	"github.com/datum-cloud/galactic-node/node/inventory"
+)
+
+// The brake's rules sit above the link layer and the inventory: these tests
+// drive them with the package's fakes (fake_test.go). The real API server's
+// accidents are integration/brake_test.go's.
+
+// brakeOn is the brake as the daemon runs it by default, with no cap.
+func brakeOn() Config {
+	return Config{MassRemovalShare: DefaultMassRemovalShare, InventoryShrinkShare: DefaultInventoryShrinkShare, BrakeReleaseAfter: -1, MaxReclaimsPerPass: -1}
+}
+
+// staleIDs returns n identities of VPC 300 that no object carries.
+func staleIDs(n int) []identity.Identity {
+	ids := make([]identity.Identity, n)
+	for i := range ids {
+		ids[i] = identity.Identity{VPC: 300, Attachment: identity.Attachment(i + 1)}
+	}
+	return ids
+}
+
+// carriedInventory returns a healthy inventory that carries ids and, beside
+// them, extra identities of other nodes.
+func carriedInventory(ids []identity.Identity, extra int) *inventory.Static {
+	var objs []inventory.Object
+	for i, id := range ids {
+		objs = append(objs, inventory.AttachmentObject("ns", fmt.Sprintf("att-%d", i), id.VPC.Base62(), id.Attachment.Base62()))
+	}
+	for i := range extra {
+		objs = append(objs, inventory.AttachmentObject("elsewhere", fmt.Sprintf("att-%d", i), "9", identity.Attachment(i+1).Base62()))
+	}
+	return &inventory.Static{Objects: objs, Synced: true}
+}
+
+// Three of a node's four taps confirmed stale at once (a namespace deleted)
+// is a mass removal: the pass removes nothing, says why, and keeps the
+// candidates, until an operator allows it. Fails if the share rule is
+// deleted.
+func TestThreeOfFourTapsStaleAtOnceEngageTheBrake(t *testing.T) {
+	h := newHarness(liveInventory(), brakeOn())
+	var idx []uint32
+	for _, id := range staleIDs(3) {
+		idx = append(idx, h.links.addTap(id, "sandbox", 0, 0))
+	}
+	h.links.addTap(live, "sandbox-live", 0, 0)
+	h.pass(t)
+	for range 2 {
+		rep := h.pass(t)
+		if len(rep.Reclaimed) != 0 || rep.Brake == nil || !rep.Brake.Engaged || rep.Brake.Held != 3 {
+			t.Fatalf("braked pass: reclaimed %v, brake %+v; want nothing removed, 3 held", rep.Reclaimed, rep.Brake)
+		}
+		if !strings.Contains(rep.Reason, "3 of the node's 4 stamped taps") {
+			t.Errorf("reason %q does not say what engaged the brake", rep.Reason)
+		}
+	}
+	if b := h.r.Brake(); !b.Engaged || b.Held != 3 || b.Since.IsZero() {
+		t.Fatalf("Brake() = %+v, want engaged holding 3", b)
+	}
+	if p := h.r.Pending(); len(p) != 3 {
+		t.Fatalf("pending while braked: %d, want the 3 candidates kept", len(p))
+	}
+	rep := h.r.Pass(context.Background(), PassOptions{AllowMassRemoval: true})
+	if len(rep.Reclaimed) != 3 || rep.Brake == nil || rep.Brake.Released == "" {
+		t.Fatalf("released pass: reclaimed %d, brake %+v; want all 3 and the release said", len(rep.Reclaimed), rep.Brake)
+	}
+	for _, i := range idx {
+		if h.links.has(i) {
+			t.Errorf("tap %d left after the release", i)
+		}
+	}
+	if b := h.r.Brake(); b.Engaged || !strings.Contains(b.LastRelease, "operator") {
+		t.Fatalf("Brake() after release = %+v", b)
+	}
+}
+
+// Two stale taps are below the minimum however large their share: a node
+// with one or two tenants loses them as it always did.
+func TestTwoStaleTapsAreNoMassRemoval(t *testing.T) {
+	h := newHarness(liveInventory(), brakeOn())
+	for _, id := range staleIDs(2) {
+		h.links.addTap(id, "sandbox", 0, 0)
+	}
+	h.pass(t)
+	if rep := h.pass(t); len(rep.Reclaimed) != 2 || rep.Brake != nil {
+		t.Fatalf("reclaimed %d, brake %+v; want both removed, no brake", len(rep.Reclaimed), rep.Brake)
+	}
+}
+
+// Half of the stamped taps is not more than half.
+func TestHalfOfTheTapsIsNoMassRemoval(t *testing.T) {
+	ids := staleIDs(6)
+	h := newHarness(carriedInventory(ids[3:], 0), brakeOn())
+	for _, id := range ids {
+		h.links.addTap(id, "sandbox", 0, 0)
+	}
+	h.pass(t)
+	if rep := h.pass(t); len(rep.Reclaimed) != 3 || rep.Brake != nil {
+		t.Fatalf("reclaimed %d, brake %+v; want 3 removed, no brake", len(rep.Reclaimed), rep.Brake)
+	}
+}
+
+// A cluster whose carried identities fell from 40 to 10 (a CRD reinstalled,
+// `delete --all` then one re-create elsewhere) engages the brake even when
+// this node loses only one of its ten taps. Fails if the shrink rule is
+// deleted.
+func TestAShrunkInventoryEngagesTheBrake(t *testing.T) {
+	ids := staleIDs(10)
+	h := newHarness(carriedInventory(ids, 30), brakeOn())
+	for _, id := range ids {
+		h.links.addTap(id, "sandbox", 0, 0)
+	}
+	h.pass(t)
+	h.inv = carriedInventory(ids[1:], 1) // 40 identities to 10; one tap stale
+	h.pass(t)
+	rep := h.pass(t)
+	if len(rep.Reclaimed) != 0 || rep.Brake == nil || !rep.Brake.Engaged || !strings.Contains(rep.Brake.Reason, "fell from 40 to 10") {
+		t.Fatalf("reclaimed %v, brake %+v; want nothing removed by the shrink rule", rep.Reclaimed, rep.Brake)
+	}
+}
+
+// A steady inventory losing one identity is no shrink.
+func TestOneIdentityGoneIsNoShrink(t *testing.T) {
+	ids := staleIDs(10)
+	h := newHarness(carriedInventory(ids, 0), brakeOn())
+	for _, id := range ids {
+		h.links.addTap(id, "sandbox", 0, 0)
+	}
+	h.pass(t)
+	h.inv = carriedInventory(ids[1:], 0)
+	h.pass(t)
+	if rep := h.pass(t); len(rep.Reclaimed) != 1 || rep.Brake != nil {
+		t.Fatalf("reclaimed %d, brake %+v; want the one stale tap removed", len(rep.Reclaimed), rep.Brake)
+	}
+}
+
+// An engaged brake releases on its own once the inventory has shrunk no
+// further for BrakeReleaseAfter; meanwhile it holds.
+func TestTheBrakeReleasesOnceTheInventoryIsStable(t *testing.T) {
+	cfg := brakeOn()
+	cfg.BrakeReleaseAfter = 300 * time.Millisecond
+	h := newHarness(liveInventory(), cfg)
+	for _, id := range staleIDs(3) {
+		h.links.addTap(id, "sandbox", 0, 0)
+	}
+	h.pass(t)
+	rep := h.pass(t)
+	if rep.Brake == nil || !rep.Brake.Engaged {
+		t.Fatalf("brake %+v, want engaged", rep.Brake)
+	}
+	releasesAt := h.r.Brake().ReleasesAt
+	if releasesAt.IsZero() {
+		t.Fatal("an engaged brake with BrakeReleaseAfter says no release time")
+	}
+	if time.Now().Before(releasesAt) {
+		if rep := h.pass(t); len(rep.Reclaimed) != 0 {
+			t.Fatalf("removed %d before the release time", len(rep.Reclaimed))
+		}
+	}
+	time.Sleep(time.Until(releasesAt))
+	rep = h.pass(t)
+	if len(rep.Reclaimed) != 3 || rep.Brake == nil || !strings.Contains(rep.Brake.Released, "on its own") {
+		t.Fatalf("reclaimed %d, brake %+v; want the release on its own", len(rep.Reclaimed), rep.Brake)
+	}
+}
+
+// What a release accepted goes at the cap's pace without engaging the brake
+// again; a tap found stale after the release is weighed afresh.
+func TestAReleaseAcceptsItsCandidatesOnly(t *testing.T) {
+	cfg := brakeOn()
+	cfg.MaxReclaimsPerPass = 1
+	h := newHarness(liveInventory(), cfg)
+	ids := staleIDs(7)
+	for _, id := range ids[:4] {
+		h.links.addTap(id, "sandbox", 0, 0)
+	}
+	h.pass(t)
+	if rep := h.pass(t); rep.Brake == nil || !rep.Brake.Engaged {
+		t.Fatalf("brake %+v, want engaged", rep.Brake)
+	}
+	rep := h.r.Pass(context.Background(), PassOptions{AllowMassRemoval: true})
+	if len(rep.Reclaimed) != 1 || rep.RolledOver != 3 {
+		t.Fatalf("released pass: reclaimed %d, rolled over %d; want the cap's 1 and 3 rolled over", len(rep.Reclaimed), rep.RolledOver)
+	}
+	for range 3 {
+		if rep := h.pass(t); len(rep.Reclaimed) != 1 || rep.Brake != nil {
+			t.Fatalf("accepted taps: reclaimed %d, brake %+v; want one a pass, no brake", len(rep.Reclaimed), rep.Brake)
+		}
+	}
+	for _, id := range ids[4:] {
+		h.links.addTap(id, "sandbox-new", 0, 0)
+	}
+	h.links.addTap(live, "sandbox-live", 0, 0)
+	h.pass(t)
+	if rep := h.pass(t); rep.Brake == nil || !rep.Brake.Engaged {
+		t.Fatalf("3 of 4 new stale taps: brake %+v, want engaged again", rep.Brake)
+	}
+}
+
+// A dry run may engage the brake, but never releases it.
+func TestADryRunNeverReleasesTheBrake(t *testing.T) {
+	h := newHarness(liveInventory(), brakeOn())
+	for _, id := range staleIDs(3) {
+		h.links.addTap(id, "sandbox", 0, 0)
+	}
+	h.pass(t)
+	h.pass(t)
+	rep := h.r.Pass(context.Background(), PassOptions{AllowMassRemoval: true, DryRun: true})
+	if !h.r.Brake().Engaged || len(rep.Reclaimed) != 0 {
+		t.Fatalf("dry run released the brake: %+v", h.r.Brake())
+	}
+}
+
+// Objects restored after an accident make every candidate carried again:
+// the brake, with nothing left to hold, releases, and a later single stale
+// tap is removed as usual.
+func TestTheBrakeReleasesWhenTheObjectsComeBack(t *testing.T) {
+	ids := staleIDs(4)
+	h := newHarness(carriedInventory(ids, 0), brakeOn())
+	for _, id := range ids {
+		h.links.addTap(id, "sandbox", 0, 0)
+	}
+	h.pass(t)
+	h.inv = carriedInventory(ids[:1], 0)
+	h.pass(t)
+	if rep := h.pass(t); rep.Brake == nil || !rep.Brake.Engaged {
+		t.Fatalf("brake %+v, want engaged", rep.Brake)
+	}
+	h.inv = carriedInventory(ids, 0)
+	if rep := h.pass(t); rep.Brake == nil || !strings.Contains(rep.Brake.Released, "no candidate left") || h.r.Brake().Engaged {
+		t.Fatalf("objects back: brake %+v, state %+v; want released", rep.Brake, h.r.Brake())
+	}
+}
