@@ -48,6 +48,15 @@ type remoteNode struct {
 
 func newRemoteNode(t *testing.T, cluster *clustertest.Cluster) *remoteNode {
 	t.Helper()
+	return newRemoteNodeVia(t, cluster, func(api *nettest.NS, listen, target string) {
+		nettest.Forward(t, api, listen, target)
+	})
+}
+
+// newRemoteNodeVia is newRemoteNode with relay, run in the API server's
+// namespace, forwarding the node's listen address to target.
+func newRemoteNodeVia(t *testing.T, cluster *clustertest.Cluster, relay func(api *nettest.NS, listen, target string)) *remoteNode {
+	t.Helper()
 	r := &remoteNode{node: newNode(t), cluster: cluster}
 	r.user = "node-" + r.ns.Name[len(r.ns.Name)-6:]
 	r.role = "galactic-node-e2e-" + r.user
@@ -57,7 +66,7 @@ func newRemoteNode(t *testing.T, cluster *clustertest.Cluster) *remoteNode {
 	if err != nil {
 		t.Fatal(err)
 	}
-	nettest.Forward(t, api, net.JoinHostPort(apiAddr, host.Port()), host.Host)
+	relay(api, net.JoinHostPort(apiAddr, host.Port()), host.Host)
 
 	r.grant(t, []string{"list", "watch"})
 	u, err := cluster.Env.AddUser(envtest.User{Name: r.user}, nil)

@@ -5,10 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
-	"net/url"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -18,8 +15,6 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
-	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/datum-cloud/galactic-node/internal/clustertest"
@@ -33,32 +28,10 @@ import (
 // link to it, that slow. delay may change while the test runs.
 func newSlowRemoteNode(t *testing.T, cluster *clustertest.Cluster, delay func() time.Duration) (*remoteNode, *nettest.Relay) {
 	t.Helper()
-	r := &remoteNode{node: newNode(t), cluster: cluster}
-	r.user = "node-" + r.ns.Name[len(r.ns.Name)-6:]
-	r.role = "galactic-node-e2e-" + r.user
-	api := nettest.NewNS(t)
-	nettest.Veth(t, r.ns, api, "10.250.0.2/30", apiAddr+"/30")
-	host, err := url.Parse(cluster.Config.Host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	relay := nettest.ForwardDelayed(t, api, net.JoinHostPort(apiAddr, host.Port()), host.Host, delay)
-
-	r.grant(t, []string{"list", "watch"})
-	u, err := cluster.Env.AddUser(envtest.User{Name: r.user}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := u.Config()
-	kc := clientcmdapi.NewConfig()
-	kc.Clusters["e2e"] = &clientcmdapi.Cluster{Server: "https://" + net.JoinHostPort(apiAddr, host.Port()), CertificateAuthorityData: cfg.CAData, TLSServerName: "localhost"}
-	kc.AuthInfos["e2e"] = &clientcmdapi.AuthInfo{ClientCertificateData: cfg.CertData, ClientKeyData: cfg.KeyData}
-	kc.Contexts["e2e"] = &clientcmdapi.Context{Cluster: "e2e", AuthInfo: "e2e"}
-	kc.CurrentContext = "e2e"
-	r.kubecfg = filepath.Join(t.TempDir(), "kubeconfig")
-	if err := clientcmd.WriteToFile(*kc, r.kubecfg); err != nil {
-		t.Fatal(err)
-	}
+	var relay *nettest.Relay
+	r := newRemoteNodeVia(t, cluster, func(api *nettest.NS, listen, target string) {
+		relay = nettest.ForwardDelayed(t, api, listen, target, delay)
+	})
 	return r, relay
 }
 

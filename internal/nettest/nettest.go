@@ -227,9 +227,8 @@ func ForwardLoopback(t testing.TB, ns *NS, hostAddr string) {
 	Forward(t, ns, hostAddr, hostAddr)
 }
 
-// Forward relays TCP connections made to listenAddr inside ns to target on
-// the host's loopback, until t ends.
-func Forward(t testing.TB, ns *NS, listenAddr, target string) {
+// listenIn listens on TCP listenAddr inside ns.
+func listenIn(t testing.TB, ns *NS, listenAddr string) net.Listener {
 	t.Helper()
 	var l net.Listener
 	if err := netns.Do(ns.File, func() error {
@@ -239,6 +238,14 @@ func Forward(t testing.TB, ns *NS, listenAddr, target string) {
 	}); err != nil {
 		t.Fatalf("listen on %s in %s: %v", listenAddr, ns.Name, err)
 	}
+	return l
+}
+
+// Forward relays TCP connections made to listenAddr inside ns to target on
+// the host's loopback, until t ends.
+func Forward(t testing.TB, ns *NS, listenAddr, target string) {
+	t.Helper()
+	l := listenIn(t, ns, listenAddr)
 	t.Cleanup(func() { l.Close() })
 	go func() {
 		for {

@@ -7,8 +7,6 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/datum-cloud/galactic-node/node/netns"
 )
 
 // Relay is a TCP relay that holds back what the target sends: a slow API
@@ -38,14 +36,7 @@ func (r *Relay) Held() int64 { return r.held.Load() }
 func ForwardDelayed(t testing.TB, ns *NS, listenAddr, target string, delay func() time.Duration) *Relay {
 	t.Helper()
 	r := &Relay{delay: delay, stop: make(chan struct{}), conns: make(map[net.Conn]struct{})}
-	var l net.Listener
-	if err := netns.Do(ns.File, func() error {
-		var err error
-		l, err = net.Listen("tcp", listenAddr)
-		return err
-	}); err != nil {
-		t.Fatalf("listen on %s in %s: %v", listenAddr, ns.Name, err)
-	}
+	l := listenIn(t, ns, listenAddr)
 	var wg sync.WaitGroup
 	t.Cleanup(func() {
 		l.Close()
