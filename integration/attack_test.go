@@ -419,8 +419,16 @@ func TestFloodsLeaveTheDaemonBoundedAndAnswering(t *testing.T) {
 	if comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid)); strings.TrimSpace(string(comm)) != "galactic-node" {
 		t.Fatalf("process %d is %q, not the daemon", pid, comm)
 	}
-	if code, _ := callIn(atk.File, attackers[0], metrics, false, "/healthz", ""); code != http.StatusOK {
-		t.Fatalf("the metrics port from the other namespace before the flood: %d", code)
+	// The admin socket answers /readyz before the metrics listener is
+	// necessarily up: wait for it, bounded, before measuring.
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		code, _ := callIn(atk.File, attackers[0], metrics, false, "/healthz", "")
+		if code == http.StatusOK {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the metrics port from the other namespace before the flood: %d", code)
+		}
 	}
 	base, _ := rss(t, pid)
 

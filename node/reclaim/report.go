@@ -57,7 +57,7 @@ type Inputs struct {
 
 // MaxMalformedSample bounds Inputs.MalformedSample: enough to find the
 // objects' pattern, a constant however many a tenant makes.
-const MaxMalformedSample = 10
+const MaxMalformedSample = inventory.MaxNamed
 
 // malformedInputs fills in's malformed count and sample from snap, and
 // returns the count of each kind, for the Observer.
