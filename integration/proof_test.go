@@ -4,7 +4,6 @@ import (
 	"context"
 	"net"
 	"net/url"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -267,12 +266,11 @@ func apiServerPID(t *testing.T, cluster *clustertest.Cluster) int {
 	return pid
 }
 
-// After a SIGKILL of the API server nothing is removed, including by a pass
-// already running when the kill came. The pass proves the inventory before
-// it takes the VRF locks (held here, so that it waits there), and its recheck
-// under the locks makes no request: it keeps every tap once the node's cache
-// has seen the API server fail, which the test waits for before letting the
-// pass have the lock.
+// After a SIGKILL of the API server nothing is removed: each pass that would
+// remove reads the API server first, and that read fails. (A pass whose read
+// succeeded before the kill may still remove what the read proved stale: the
+// read comes before the VRF locks, so that CNI ADD never waits on the API
+// server, and the recheck under the locks makes no request.)
 func TestAKilledAPIServerStopsEveryRemoval(t *testing.T) {
 	cluster := clustertest.Start(t)
 	t.Cleanup(func() { _ = cluster.Env.Stop() })
@@ -283,37 +281,8 @@ func TestAKilledAPIServerStopsEveryRemoval(t *testing.T) {
 	r.start()
 	r.force("")
 
-	lockFile := filepath.Join(r.dir, "locks", "G00000000aV.lock")
-	holder := exec.Command("flock", "-o", lockFile, "sleep", "3600")
-	holder.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := holder.Start(); err != nil {
-		t.Fatal(err)
-	}
-	release := func() { _ = syscall.Kill(-holder.Process.Pid, syscall.SIGKILL); _ = holder.Wait() }
-	t.Cleanup(release)
-	time.Sleep(200 * time.Millisecond)
-	inFlight := make(chan passReport, 1)
-	go func() { inFlight <- r.force("") }()
-	time.Sleep(300 * time.Millisecond) // the pass is now waiting for the lock
-
 	if err := syscall.Kill(apiServerPID(t, cluster), syscall.SIGKILL); err != nil {
 		t.Fatal(err)
-	}
-	// client-go retries a GET that met a closed connection for about ten
-	// seconds before its reflector records the error: allow for that under
-	// load.
-	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(200 * time.Millisecond) {
-		code, body := r.callFresh("GET", "/v1/status", readToken)
-		if code == 200 && strings.Contains(string(body), "inventory: ") {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the node's cache never saw the API server fail: %d %s", code, body)
-		}
-	}
-	release()
-	if rep := <-inFlight; !r.exists("G00000000a003H") || len(rep.Reclaimed) != 0 {
-		t.Fatalf("the pass running when the API server was killed removed the tap: %+v", rep)
 	}
 	for i := range 3 {
 		if rep := r.force(""); !r.exists("G00000000a003H") || len(rep.Reclaimed) != 0 {
