@@ -119,8 +119,8 @@ func TestMalformedIdentitiesAreReportedAndCarryNothing(t *testing.T) {
 		AttachmentObject("a", "good", "1", "1"),
 		AdvertisementObject("b", "no-dash-here-x"),
 	}}).Snapshot(context.Background())
-	if len(s.Malformed) != 2 || s.Attachments != 1 || s.Identities() != 1 {
-		t.Fatalf("malformed %v, attachments %d, identities %d", s.Malformed, s.Attachments, s.Identities())
+	if s.Malformed() != 2 || s.Attachments != 1 || s.Identities() != 1 {
+		t.Fatalf("malformed %d, attachments %d, identities %d", s.Malformed(), s.Attachments, s.Identities())
 	}
 	if err := s.Healthy(); err != nil {
 		t.Fatalf("Healthy() = %v: malformed objects must not halt every removal", err)

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sync"
 	"time"
+	"unique"
 
 	"github.com/datum-cloud/galactic-node/node/identity"
 )
@@ -37,8 +38,11 @@ const (
 type Index struct {
 	mu      sync.Mutex
 	objects map[ObjectRef][]identity.Identity // every object held, carrying or not
-	why     map[ObjectRef]string              // the malformed ones, and what did not parse
-	holds   map[ObjectRef][]identity.VPC      // the malformed ones that still name VPCs
+	// why holds the malformed objects, and what did not parse in each,
+	// interned: a tenant's thousands of objects written by one broken
+	// template share one reason, and a handle is half a string header.
+	why   map[ObjectRef]unique.Handle[string]
+	holds map[ObjectRef][]identity.VPC // the malformed ones that still name VPCs
 
 	base  map[identity.Identity][]ObjectRef // frozen once built; shared with snapshots
 	delta map[identity.Identity][]ObjectRef // changed since base; empty list: uncarried now
@@ -49,14 +53,14 @@ type Index struct {
 	snap      *Snapshot
 	snapAt    uint64 // version snap was built at
 	badAt     uint64 // version the malformed set last changed at
-	badSnapAt uint64 // version snap's Malformed was built at
+	badSnapAt uint64 // version snap's malformed counts and sample were built at
 }
 
 // NewIndex returns an empty Index.
 func NewIndex() *Index {
 	return &Index{
 		objects: make(map[ObjectRef][]identity.Identity),
-		why:     make(map[ObjectRef]string),
+		why:     make(map[ObjectRef]unique.Handle[string]),
 		holds:   make(map[ObjectRef][]identity.VPC),
 		base:    make(map[identity.Identity][]ObjectRef),
 		delta:   make(map[identity.Identity][]ObjectRef),
@@ -69,7 +73,7 @@ func (x *Index) Set(o Object) {
 	defer x.mu.Unlock()
 	if old, ok := x.objects[o.Ref]; ok && slices.Equal(old, o.Identities) {
 		why, bad := x.why[o.Ref]
-		if bad == o.Malformed && why == o.Reason && slices.Equal(x.holds[o.Ref], o.Holds) {
+		if bad == o.Malformed && (!bad || why.Value() == o.Reason) && slices.Equal(x.holds[o.Ref], o.Holds) {
 			// A relist or a status write that left the identity alone:
 			// nothing a snapshot shows changed.
 			return
@@ -101,8 +105,11 @@ func (x *Index) Get(ref ObjectRef) (Object, bool) {
 	if !ok {
 		return Object{}, false
 	}
-	why, bad := x.why[ref]
-	return Object{Ref: ref, Identities: slices.Clone(ids), Malformed: bad, Reason: why, Holds: slices.Clone(x.holds[ref])}, true
+	o := Object{Ref: ref, Identities: slices.Clone(ids), Holds: slices.Clone(x.holds[ref])}
+	if why, bad := x.why[ref]; bad {
+		o.Malformed, o.Reason = true, why.Value()
+	}
+	return o, true
 }
 
 // Refs lists the objects of kind held.
@@ -133,13 +140,17 @@ func (x *Index) Snapshot(synced bool, readErr error) Snapshot {
 			identities:     x.identities,
 		}
 		if x.snap != nil && x.badSnapAt == x.badAt {
-			s.Malformed, s.MalformedWhy, s.held = x.snap.Malformed, x.snap.MalformedWhy, x.snap.held
+			s.MalformedAttachments, s.MalformedAdvertisements = x.snap.MalformedAttachments, x.snap.MalformedAdvertisements
+			s.MalformedSample, s.MalformedWhy, s.held = x.snap.MalformedSample, x.snap.MalformedWhy, x.snap.held
 		} else if len(x.why) > 0 {
-			s.Malformed = slices.SortedFunc(maps.Keys(x.why), compareRefs)
-			s.MalformedWhy = maps.Clone(x.why)
-			for _, ref := range s.Malformed {
-				s.hold(ref, x.holds[ref])
+			for ref := range x.why {
+				s.countMalformed(ref.Kind)
 			}
+			s.MalformedSample, s.MalformedWhy = sample(maps.Keys(x.why), func(ref ObjectRef) string { return x.why[ref].Value() })
+			for ref, vpcs := range x.holds {
+				s.hold(ref, vpcs)
+			}
+			s.sortHeld()
 		}
 		x.snap, x.snapAt, x.badSnapAt = &s, x.version, x.badAt
 	}
@@ -157,7 +168,7 @@ func (x *Index) add(o Object) {
 	if o.Malformed {
 		// A malformed object carries nothing, as in NewSnapshot.
 		x.objects[o.Ref] = nil
-		x.why[o.Ref] = o.Reason
+		x.why[o.Ref] = unique.Make(o.Reason)
 		if len(o.Holds) > 0 {
 			x.holds[o.Ref] = slices.Clone(o.Holds)
 		}

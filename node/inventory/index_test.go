@@ -16,8 +16,10 @@ func SameSnapshot(a, b *Snapshot) string {
 	if a.Attachments != b.Attachments || a.Advertisements != b.Advertisements || a.Identities() != b.Identities() {
 		return fmt.Sprintf("counts %d/%d/%d vs %d/%d/%d", a.Attachments, a.Advertisements, a.Identities(), b.Attachments, b.Advertisements, b.Identities())
 	}
-	if !slices.Equal(a.Malformed, b.Malformed) || !maps.Equal(a.MalformedWhy, b.MalformedWhy) {
-		return fmt.Sprintf("malformed %v vs %v", a.Malformed, b.Malformed)
+	if a.MalformedAttachments != b.MalformedAttachments || a.MalformedAdvertisements != b.MalformedAdvertisements ||
+		!slices.Equal(a.MalformedSample, b.MalformedSample) || !maps.Equal(a.MalformedWhy, b.MalformedWhy) {
+		return fmt.Sprintf("malformed %d/%d %v vs %d/%d %v", a.MalformedAttachments, a.MalformedAdvertisements, a.MalformedSample,
+			b.MalformedAttachments, b.MalformedAdvertisements, b.MalformedSample)
 	}
 	sorted := func(l []ObjectRef) []ObjectRef { return slices.SortedFunc(slices.Values(l), compareRefs) }
 	n := 0
@@ -107,16 +109,16 @@ func TestIndexSnapshotIsReusedWhileNothingChanges(t *testing.T) {
 		t.Fatal("an earlier snapshot changed")
 	}
 	x.Set(AttachmentObject("ns", "a", "x!", "3"))
-	if s := x.Snapshot(true, nil); len(s.Malformed) != 1 || s.Carried(identity.Identity{VPC: 1, Attachment: 3}) {
+	if s := x.Snapshot(true, nil); s.Malformed() != 1 || s.Carried(identity.Identity{VPC: 1, Attachment: 3}) {
 		t.Fatalf("malformed object not shown: %+v", s)
 	}
 	// Its VPC reads, its attachment does not: it holds the VPC.
 	x.Set(AttachmentObject("ns", "a", "5", "ZZZ"))
-	if s := x.Snapshot(true, nil); len(s.Malformed) != 1 || !s.Carried(identity.Identity{VPC: 5, Attachment: 9}) || s.Carried(identity.Identity{VPC: 6, Attachment: 9}) {
+	if s := x.Snapshot(true, nil); s.Malformed() != 1 || !s.Carried(identity.Identity{VPC: 5, Attachment: 9}) || s.Carried(identity.Identity{VPC: 6, Attachment: 9}) {
 		t.Fatalf("held VPC not shown: %+v", s)
 	}
 	x.Delete(ObjectRef{Kind: AttachmentKind, Namespace: "ns", Name: "a"})
-	if s := x.Snapshot(true, nil); len(s.Malformed) != 0 || s.Identities() != 0 || s.Attachments != 0 {
+	if s := x.Snapshot(true, nil); s.Malformed() != 0 || s.Identities() != 0 || s.Attachments != 0 {
 		t.Fatalf("delete not shown: %+v", s)
 	}
 }

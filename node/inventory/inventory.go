@@ -25,6 +25,7 @@ import (
 	"errors"
 	"fmt"
 	"iter"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -68,14 +69,20 @@ type Snapshot struct {
 	// Err is the last read error not yet followed by a successful read.
 	Err error
 	// Attachments and Advertisements count the objects that carry at least
-	// one identity; Malformed lists, sorted, the objects whose identity
-	// fields are set but do not parse, and MalformedWhy what did not parse in
-	// each. Those carry no identity; the ones whose VPC reads hold that
-	// VPC's identities (Carried).
-	Attachments    int
-	Advertisements int
-	Malformed      []ObjectRef
-	MalformedWhy   map[ObjectRef]string
+	// one identity. MalformedAttachments and MalformedAdvertisements count
+	// the objects whose identity fields are set but do not parse: those
+	// carry no identity, and the ones whose VPC reads hold that VPC's
+	// identities (Carried). MalformedSample names the first MaxNamed of
+	// them in sorted order, so that a report names the same ones pass after
+	// pass, and MalformedWhy says what did not parse in each one named: a
+	// tenant makes as many as it likes, and a snapshot that listed them all
+	// would cost every node their number again.
+	Attachments             int
+	Advertisements          int
+	MalformedAttachments    int
+	MalformedAdvertisements int
+	MalformedSample         []ObjectRef
+	MalformedWhy            map[ObjectRef]string
 
 	// carriers maps each identity to the objects that carry it. overlay,
 	// from an Index, holds the identities that changed since carriers was
@@ -88,6 +95,9 @@ type Snapshot struct {
 	// identity of that VPC counts as carried by them.
 	held map[identity.VPC][]ObjectRef
 }
+
+// Malformed is the number of malformed objects of every kind.
+func (s *Snapshot) Malformed() int { return s.MalformedAttachments + s.MalformedAdvertisements }
 
 // Healthy returns nil when the snapshot may justify a removal, or the reason
 // it may not.
@@ -248,13 +258,14 @@ func AdvertisementObject(namespace, name string) Object {
 // its snapshots here, so that each judges health by the same rule.
 func NewSnapshot(objects []Object, synced bool, readErr error) Snapshot {
 	s := Snapshot{TakenAt: time.Now(), Synced: synced, Err: readErr, carriers: make(map[identity.Identity][]ObjectRef, len(objects))}
+	var why map[ObjectRef]string
 	for _, o := range objects {
 		if o.Malformed {
-			if s.MalformedWhy == nil {
-				s.MalformedWhy = make(map[ObjectRef]string)
+			if why == nil {
+				why = make(map[ObjectRef]string)
 			}
-			s.Malformed = append(s.Malformed, o.Ref)
-			s.MalformedWhy[o.Ref] = o.Reason
+			why[o.Ref] = o.Reason
+			s.countMalformed(o.Ref.Kind)
 			s.hold(o.Ref, o.Holds)
 			continue
 		}
@@ -271,11 +282,52 @@ func NewSnapshot(objects []Object, synced bool, readErr error) Snapshot {
 			s.carriers[id] = append(s.carriers[id], o.Ref)
 		}
 	}
-	// The cluster lists objects in no stable order: sort, so that Healthy
-	// names the same objects first on every pass.
-	slices.SortFunc(s.Malformed, compareRefs)
+	s.MalformedSample, s.MalformedWhy = sample(maps.Keys(why), func(ref ObjectRef) string { return why[ref] })
+	s.sortHeld()
 	s.identities = len(s.carriers)
 	return s
+}
+
+// sortHeld sorts each VPC's holders, so that a view names the same ones
+// first every time: the cluster lists objects in no stable order.
+func (s *Snapshot) sortHeld() {
+	for _, l := range s.held {
+		slices.SortFunc(l, compareRefs)
+	}
+}
+
+func (s *Snapshot) countMalformed(kind string) {
+	switch kind {
+	case AttachmentKind:
+		s.MalformedAttachments++
+	case AdvertisementKind:
+		s.MalformedAdvertisements++
+	}
+}
+
+// sample returns the first MaxNamed of refs in sorted order, and why for
+// each: in one pass over refs, holding no more than it returns, since refs
+// may be as many objects as tenants made.
+func sample(refs iter.Seq[ObjectRef], why func(ObjectRef) string) ([]ObjectRef, map[ObjectRef]string) {
+	first := make([]ObjectRef, 0, MaxNamed+1)
+	for ref := range refs {
+		if len(first) == MaxNamed && compareRefs(ref, first[MaxNamed-1]) >= 0 {
+			continue
+		}
+		i, _ := slices.BinarySearchFunc(first, ref, compareRefs)
+		first = slices.Insert(first, i, ref)
+		if len(first) > MaxNamed {
+			first = first[:MaxNamed]
+		}
+	}
+	if len(first) == 0 {
+		return nil, nil
+	}
+	named := make(map[ObjectRef]string, len(first))
+	for _, ref := range first {
+		named[ref] = why(ref)
+	}
+	return slices.Clip(first), named
 }
 
 // hold records that ref holds every identity of vpcs.

@@ -3,6 +3,7 @@ package inventory
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -23,10 +24,10 @@ func wantMalformed(t *testing.T, s Snapshot, want map[string]string) {
 	if err := s.Healthy(); err != nil {
 		t.Fatalf("Healthy() = %v: one malformed object must not halt every removal", err)
 	}
-	if len(s.Malformed) != len(want) {
-		t.Errorf("Malformed = %v, want %d objects", s.Malformed, len(want))
+	if s.Malformed() != len(want) || len(s.MalformedSample) != min(len(want), MaxNamed) {
+		t.Errorf("%d malformed, sample %v; want %d objects", s.Malformed(), s.MalformedSample, len(want))
 	}
-	for _, ref := range s.Malformed {
+	for _, ref := range s.MalformedSample {
 		why, ok := want[ref.String()]
 		if !ok || !strings.Contains(s.MalformedWhy[ref], why) {
 			t.Errorf("%s: why %q, want %q", ref, s.MalformedWhy[ref], why)
@@ -102,8 +103,8 @@ func TestAWellFormedInventoryStaysHealthy(t *testing.T) {
 		AdvertisementObject("node-b", "3e-42"),
 		AdvertisementObject("node-b", "10-13"),
 	)
-	if err := s.Healthy(); err != nil || len(s.Malformed) != 0 {
-		t.Fatalf("Healthy() = %v, malformed %v; want healthy", err, s.Malformed)
+	if err := s.Healthy(); err != nil || s.Malformed() != 0 {
+		t.Fatalf("Healthy() = %v, malformed %d; want healthy", err, s.Malformed())
 	}
 }
 
@@ -114,4 +115,48 @@ func TestAMalformedObjectInAFileIsListed(t *testing.T) {
 	write(t, path, goodInventory+"---\n"+attachmentDoc(AttachmentAPIVersion, AttachmentKind, "web-1", "tenant-a", `" a"`, "1"))
 	s := NewFile(path).Snapshot(context.Background())
 	wantMalformed(t, s, map[string]string{"VPCAttachment tenant-a/web-1": `vpc " a"`})
+}
+
+// A snapshot counts every malformed object but names at most MaxNamed, the
+// first in sorted order whatever order they came in, with what did not
+// parse in each: a tenant makes as many as it likes, and every node would
+// hold them all again in each snapshot. An Index fed the same objects, in
+// another order, counts and names the same, and names the next one when a
+// named one goes.
+func TestManyMalformedObjectsAreCountedAndSampled(t *testing.T) {
+	var objects []Object
+	for i := range 25 {
+		objects = append(objects, AttachmentObject("tenant-m", fmt.Sprintf("att-%02d", i), "0", "1"))
+	}
+	for i := range 5 {
+		objects = append(objects, AdvertisementObject("tenant-m", fmt.Sprintf("not-an-ad-%d", i)))
+	}
+	shuffled := slices.Clone(objects)
+	rand.Shuffle(len(shuffled), func(i, j int) { shuffled[i], shuffled[j] = shuffled[j], shuffled[i] })
+	s := snapshotOf(shuffled...)
+
+	// BGPAdvertisement sorts before VPCAttachment.
+	var want []ObjectRef
+	for _, o := range append(objects[25:], objects[:5]...) {
+		want = append(want, o.Ref)
+	}
+	if s.MalformedAttachments != 25 || s.MalformedAdvertisements != 5 || s.Malformed() != 30 || !slices.Equal(s.MalformedSample, want) {
+		t.Fatalf("malformed %d/%d (%d), sample %v; want 25/5 (30) and %v", s.MalformedAttachments, s.MalformedAdvertisements, s.Malformed(), s.MalformedSample, want)
+	}
+	if len(s.MalformedWhy) != MaxNamed || !strings.Contains(s.MalformedWhy[want[9]], "reserved") {
+		t.Errorf("why %v: want the %d named, each with its reason", s.MalformedWhy, MaxNamed)
+	}
+
+	x := NewIndex()
+	for _, o := range shuffled {
+		x.Set(o)
+	}
+	if is := x.Snapshot(true, nil); SameSnapshot(&s, &is) != "" {
+		t.Errorf("the Index differs from NewSnapshot: %s", SameSnapshot(&s, &is))
+	}
+	x.Delete(want[0])
+	is := x.Snapshot(true, nil)
+	if next := append(slices.Clone(want[1:]), objects[5].Ref); is.Malformed() != 29 || !slices.Equal(is.MalformedSample, next) {
+		t.Errorf("after deleting %s: %d malformed, sample %v; want 29 and %v", want[0], is.Malformed(), is.MalformedSample, next)
+	}
 }

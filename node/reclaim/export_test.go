@@ -83,7 +83,8 @@ type uncarriedInventory struct{ inventory.Source }
 func (u uncarriedInventory) Snapshot(ctx context.Context) inventory.Snapshot {
 	s := u.Source.Snapshot(ctx)
 	return inventory.Snapshot{TakenAt: s.TakenAt, Synced: s.Synced, Err: s.Err,
-		Attachments: s.Attachments, Advertisements: s.Advertisements, Malformed: s.Malformed, MalformedWhy: s.MalformedWhy}
+		Attachments: s.Attachments, Advertisements: s.Advertisements, MalformedAttachments: s.MalformedAttachments, MalformedAdvertisements: s.MalformedAdvertisements,
+		MalformedSample: s.MalformedSample, MalformedWhy: s.MalformedWhy}
 }
 
 func (u unheldLinks) Set(ctx context.Context, index uint32, ch link.Change) error {

@@ -62,25 +62,16 @@ const MaxMalformedSample = inventory.MaxNamed
 // malformedInputs fills in's malformed count and sample from snap, and
 // returns the count of each kind, for the Observer.
 func malformedInputs(in *Inputs, snap *inventory.Snapshot) MalformedCount {
-	in.MalformedObjects = len(snap.Malformed)
+	in.MalformedObjects = snap.Malformed()
 	in.MalformedSample = nil
-	var c MalformedCount
-	for i, ref := range snap.Malformed {
-		switch ref.Kind {
-		case inventory.AttachmentKind:
-			c.Attachments++
-		case inventory.AdvertisementKind:
-			c.Advertisements++
+	for _, ref := range snap.MalformedSample[:min(len(snap.MalformedSample), MaxMalformedSample)] {
+		s := ref.String()
+		if why := snap.MalformedWhy[ref]; why != "" {
+			s += ": " + why
 		}
-		if i < MaxMalformedSample {
-			s := ref.String()
-			if why := snap.MalformedWhy[ref]; why != "" {
-				s += ": " + why
-			}
-			in.MalformedSample = append(in.MalformedSample, s)
-		}
+		in.MalformedSample = append(in.MalformedSample, s)
 	}
-	return c
+	return MalformedCount{Attachments: snap.MalformedAttachments, Advertisements: snap.MalformedAdvertisements}
 }
 
 // TapRef names a tap as a pass saw it.
