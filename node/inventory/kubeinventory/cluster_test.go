@@ -46,16 +46,7 @@ func unvalidatedShared(t *testing.T) *clustertest.Cluster {
 
 func start(t *testing.T, cluster *clustertest.Cluster) *Cluster {
 	t.Helper()
-	c, err := NewCluster(cluster.Config, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	c.Start(ctx)
-	if !c.WaitForSync(ctx) {
-		t.Fatal("never synced")
-	}
+	c, _ := startWith(t, cluster, Options{}, nil)
 	return c
 }
 
@@ -93,7 +84,7 @@ func eventually(t *testing.T, c *Cluster, what string, ok func(s *inventory.Snap
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("never: %s (identities %d, attachments %d, malformed %v)", what, s.Identities(), s.Attachments, s.Malformed)
+			t.Fatalf("never: %s (identities %d, attachments %d, malformed %d %v)", what, s.Identities(), s.Attachments, s.Malformed(), s.MalformedSample)
 		}
 	}
 }
@@ -143,11 +134,11 @@ func TestSnapshotFollowsEachEvent(t *testing.T) {
 
 	setStatus(t, cluster, b.Namespace, b.Name, "zzzzzzzzzzzzzzzz", "1")
 	eventually(t, c, "db malformed, denoting nothing, blocks nothing", func(s *inventory.Snapshot) bool {
-		return !s.Carried(id1) && slices.Equal(s.Malformed, []inventory.ObjectRef{b}) && s.Healthy() == nil
+		return !s.Carried(id1) && s.Malformed() == 1 && slices.Equal(s.MalformedSample, []inventory.ObjectRef{b}) && s.Healthy() == nil
 	})
 	setStatus(t, cluster, b.Namespace, b.Name, "", "")
 	eventually(t, c, "db pending: healthy, carries nothing", func(s *inventory.Snapshot) bool {
-		return len(s.Malformed) == 0 && s.Healthy() == nil && s.Attachments == 1
+		return s.Malformed() == 0 && s.Healthy() == nil && s.Attachments == 1
 	})
 
 	cluster.Delete(t, AttachmentResource, a.Namespace, a.Name)
@@ -186,8 +177,8 @@ func diff(a, b *inventory.Snapshot) string {
 	if a.Attachments != b.Attachments || a.Advertisements != b.Advertisements || a.Identities() != b.Identities() {
 		return fmt.Sprintf("counts %d/%d/%d vs %d/%d/%d", a.Attachments, a.Advertisements, a.Identities(), b.Attachments, b.Advertisements, b.Identities())
 	}
-	if !slices.Equal(a.Malformed, b.Malformed) {
-		return fmt.Sprintf("malformed %v vs %v", a.Malformed, b.Malformed)
+	if a.Malformed() != b.Malformed() || !slices.Equal(a.MalformedSample, b.MalformedSample) {
+		return fmt.Sprintf("malformed %d %v vs %d %v", a.Malformed(), a.MalformedSample, b.Malformed(), b.MalformedSample)
 	}
 	for id, l := range a.All() {
 		if !carriedBy(id, slices.SortedFunc(slices.Values(l), compareRef)...)(b) {

@@ -114,7 +114,7 @@ func (c *Cluster) probe(ctx context.Context) error {
 	var wg sync.WaitGroup
 	for i, w := range c.sources {
 		wg.Go(func() {
-			if _, err := c.listPage(ctx, w, 1, 1, ""); err != nil {
+			if _, err := c.listPage(ctx, w, 1, 1, "", func(*proofItem) {}); err != nil {
 				errs[i] = fmt.Errorf("%s: %w", w.gvr.Resource, err)
 			}
 		})
@@ -145,35 +145,31 @@ func (c *Cluster) noteProbe(ctx context.Context, err error) {
 	c.probeErr = err
 }
 
-// proofList is the part of a list response a consistent read decodes.
-type proofList struct {
+// proofItem is the part of a listed object a consistent read decodes.
+type proofItem struct {
 	Metadata struct {
-		Continue string `json:"continue"`
+		Name      string `json:"name"`
+		Namespace string `json:"namespace"`
 	} `json:"metadata"`
-	Items []struct {
-		Metadata struct {
-			Name      string `json:"name"`
-			Namespace string `json:"namespace"`
-		} `json:"metadata"`
-		Status struct {
-			VPC           string `json:"vpc"`
-			VPCAttachment string `json:"vpcAttachment"`
-		} `json:"status"`
-	} `json:"items"`
+	Status struct {
+		VPC           string `json:"vpc"`
+		VPCAttachment string `json:"vpcAttachment"`
+	} `json:"status"`
 }
 
+// list reads every object of w's resource, consistently, page by page.
 func (c *Cluster) list(ctx context.Context, w *watched) ([]inventory.Object, error) {
 	var objects []inventory.Object
+	each := func(it *proofItem) {
+		objects = append(objects, w.fromFields(it.Metadata.Namespace, it.Metadata.Name, it.Status.VPC, it.Status.VPCAttachment))
+	}
 	cont := ""
 	for n := 1; ; n++ {
-		page, err := c.listPage(ctx, w, n, c.pageSize, cont)
-		if err != nil {
+		var err error
+		if cont, err = c.listPage(ctx, w, n, c.pageSize, cont, each); err != nil {
 			return nil, err
 		}
-		for _, it := range page.Items {
-			objects = append(objects, w.fromFields(it.Metadata.Namespace, it.Metadata.Name, it.Status.VPC, it.Status.VPCAttachment))
-		}
-		if cont = page.Metadata.Continue; cont == "" {
+		if cont == "" {
 			return objects, nil
 		}
 	}
@@ -182,25 +178,25 @@ func (c *Cluster) list(ctx context.Context, w *watched) ([]inventory.Object, err
 // listPage reads page n (from 1) of a consistent list of w's resource, of
 // at most limit objects, within Options.PageTimeout: from the request to
 // the last byte of the answer decoded. An error names the page.
-func (c *Cluster) listPage(ctx context.Context, w *watched, n, limit int, cont string) (*proofList, error) {
+func (c *Cluster) listPage(ctx context.Context, w *watched, n, limit int, cont string, each func(*proofItem)) (string, error) {
 	pageCtx, cancel := context.WithTimeoutCause(ctx, c.opts.PageTimeout, errPageTimeout)
 	defer cancel()
-	page, err := c.fetchPage(pageCtx, w, limit, cont)
+	next, err := c.fetchPage(pageCtx, w, limit, cont, each)
 	if err == nil {
-		return page, nil
+		return next, nil
 	}
 	if errors.Is(context.Cause(pageCtx), errPageTimeout) {
 		// This page's own bound, not the caller's: say so, with the bound.
-		return nil, fmt.Errorf("page %d (limit %d): not answered within %s: %w", n, limit, c.opts.PageTimeout, err)
+		return "", fmt.Errorf("page %d (limit %d): not answered within %s: %w", n, limit, c.opts.PageTimeout, err)
 	}
-	return nil, fmt.Errorf("page %d (limit %d): %w", n, limit, err)
+	return "", fmt.Errorf("page %d (limit %d): %w", n, limit, err)
 }
 
 // errPageTimeout is the cause of a page's context that ran out of
 // Options.PageTimeout, which tells it from a caller's deadline.
 var errPageTimeout = errors.New("page timeout")
 
-func (c *Cluster) fetchPage(ctx context.Context, w *watched, limit int, cont string) (*proofList, error) {
+func (c *Cluster) fetchPage(ctx context.Context, w *watched, limit int, cont string, each func(*proofItem)) (string, error) {
 	gvr := w.gvr
 	q := url.Values{"limit": {strconv.Itoa(limit)}}
 	if cont != "" {
@@ -209,7 +205,7 @@ func (c *Cluster) fetchPage(ctx context.Context, w *watched, limit int, cont str
 	u := fmt.Sprintf("%s/apis/%s/%s/%s?%s", c.host, gvr.Group, gvr.Version, gvr.Resource, q.Encode())
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	if err != nil {
-		return nil, err
+		return "", err
 	}
 	req.Header.Set("Accept", "application/json")
 	resp, err := c.http.Do(req)
@@ -220,20 +216,79 @@ func (c *Cluster) fetchPage(ctx context.Context, w *watched, limit int, cont str
 		if errors.As(err, &ue) {
 			ue.URL, _, _ = strings.Cut(ue.URL, "?")
 		}
-		return nil, err
+		return "", err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		var status metav1.Status
 		body, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 		if json.Unmarshal(body, &status) == nil && status.Message != "" {
-			return nil, fmt.Errorf("%s: %s", resp.Status, status.Message)
+			return "", fmt.Errorf("%s: %s", resp.Status, status.Message)
 		}
-		return nil, errors.New(resp.Status)
+		return "", errors.New(resp.Status)
 	}
-	var page proofList
-	if err := json.NewDecoder(resp.Body).Decode(&page); err != nil {
-		return nil, fmt.Errorf("decode list: %w", err)
+	next, err := decodeList(resp.Body, each)
+	if err != nil {
+		return "", fmt.Errorf("decode list: %w", err)
 	}
-	return &page, nil
+	return next, nil
+}
+
+// decodeList streams a list response to each, one item at a time, and
+// returns its continue token. Decoding the page whole would hold its every
+// byte and every item at once: at 5,000 objects a page, megabytes that the
+// node would keep as resident memory long after the proof.
+func decodeList(r io.Reader, each func(*proofItem)) (string, error) {
+	dec := json.NewDecoder(r)
+	if err := expectDelim(dec, '{'); err != nil {
+		return "", err
+	}
+	var next string
+	for dec.More() {
+		key, err := dec.Token()
+		if err != nil {
+			return "", err
+		}
+		switch key {
+		case "metadata":
+			var meta struct {
+				Continue string `json:"continue"`
+			}
+			if err := dec.Decode(&meta); err != nil {
+				return "", fmt.Errorf("metadata: %w", err)
+			}
+			next = meta.Continue
+		case "items":
+			if err := expectDelim(dec, '['); err != nil {
+				return "", fmt.Errorf("items: %w", err)
+			}
+			for n := 0; dec.More(); n++ {
+				var it proofItem
+				if err := dec.Decode(&it); err != nil {
+					return "", fmt.Errorf("item %d: %w", n, err)
+				}
+				each(&it)
+			}
+			if err := expectDelim(dec, ']'); err != nil {
+				return "", fmt.Errorf("items: %w", err)
+			}
+		default:
+			var skip json.RawMessage
+			if err := dec.Decode(&skip); err != nil {
+				return "", fmt.Errorf("%v: %w", key, err)
+			}
+		}
+	}
+	return next, expectDelim(dec, '}')
+}
+
+func expectDelim(dec *json.Decoder, want json.Delim) error {
+	t, err := dec.Token()
+	if err != nil {
+		return err
+	}
+	if t != want {
+		return fmt.Errorf("want %v, found %v", want, t)
+	}
+	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -60,7 +61,9 @@ func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { retu
 func startWith(t *testing.T, cluster *clustertest.Cluster, opts Options, hook *readHook) (*Cluster, context.CancelFunc) {
 	t.Helper()
 	cfg := rest.CopyConfig(cluster.Config)
-	cfg.WrapTransport = hook.wrap
+	if hook != nil {
+		cfg.WrapTransport = hook.wrap
+	}
 	c, err := NewCluster(cfg, nil, opts)
 	if err != nil {
 		t.Fatal(err)
@@ -305,5 +308,27 @@ func TestAProveStandsForAProbe(t *testing.T) {
 	c.probing.Wait()
 	if n := probes.Load(); n != 0 {
 		t.Fatalf("%d probe requests after a Prove, want 0", n)
+	}
+}
+
+// decodeList streams a page: every item in order, the continue token
+// wherever the API server puts it, other keys skipped; a page that ends
+// early or is not a list is an error, never a short list taken as whole.
+func TestDecodeListStreamsAPageAndRefusesATruncatedOne(t *testing.T) {
+	page := `{"kind":"VPCAttachmentList","apiVersion":"v1","items":[` +
+		`{"metadata":{"name":"a","namespace":"n","labels":{"x":"y"}},"spec":{"vpc":{"name":"v"}},"status":{"vpc":"1","vpcAttachment":"2"}},` +
+		`{"metadata":{"name":"b","namespace":"n"},"status":{}}` +
+		`],"metadata":{"resourceVersion":"7","continue":"next-page"}}`
+	var got []string
+	next, err := decodeList(strings.NewReader(page), func(it *proofItem) {
+		got = append(got, it.Metadata.Namespace+"/"+it.Metadata.Name+":"+it.Status.VPC+"/"+it.Status.VPCAttachment)
+	})
+	if err != nil || next != "next-page" || !slices.Equal(got, []string{"n/a:1/2", "n/b:/"}) {
+		t.Fatalf("decodeList = %q, %v; items %q", next, err, got)
+	}
+	for _, bad := range []string{page[:len(page)/2], page[:len(page)-1], `[]`, `{"items":{}}`, `{"items":[1]}`, ``} {
+		if _, err := decodeList(strings.NewReader(bad), func(*proofItem) {}); err == nil {
+			t.Errorf("decodeList(%.40q...) = nil error", bad)
+		}
 	}
 }
