@@ -12,7 +12,9 @@ import (
 	"net/http"
 	"os"
 	"os/user"
+	"runtime/debug"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -252,7 +254,7 @@ func runDaemon(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 	log = log.With("node", f.nodeName)
 	klogroute.Into(log)
 	log.Info("galactic-node starting", "version", buildinfo.Version(version), "interval", f.interval, "min_candidate_age", f.minCandidateAge, "dry_run", f.dryRun,
-		"max_reclaims_per_pass", f.maxReclaims, "bpffs", f.bpffs, "inventory_file", f.inventoryFile)
+		"max_reclaims_per_pass", f.maxReclaims, "bpffs", f.bpffs, "inventory_file", f.inventoryFile, "gc_percent", setGCPercent(environ))
 
 	conn, err := link.Dial(nil)
 	if err != nil {
@@ -560,4 +562,27 @@ func (p passSignal) PassDone(rep reclaim.Report, pending int) {
 	case p.done <- struct{}{}:
 	default:
 	}
+}
+
+// daemonGCPercent is the daemon's garbage-collection target: the heap may
+// grow by 40% of what is live before a collection, not Go's default 100%.
+// A node agent's live heap is a few MiB and its CPU mostly idle, so the
+// extra collections cost little, while at 100% its resident memory is
+// twice what it holds: 5,000 cluster objects a tenant made cost the daemon
+// 7 to 10 MiB of RSS at 100%, 4 to 5 MiB at 40% (integration's
+// TestManyMalformedObjectsCostEveryNodeABoundedAmount). Calico's Felix, a
+// node agent of the same kind, defaults to the same 40 (GoGCThreshold).
+const daemonGCPercent = 40
+
+// setGCPercent sets daemonGCPercent unless GOGC in environ sets the
+// target (or turns collection off), as the Go runtime reads it; it returns
+// the target in force.
+func setGCPercent(environ []string) string {
+	for _, kv := range environ {
+		if v, ok := strings.CutPrefix(kv, "GOGC="); ok && v != "" {
+			return v + " (GOGC)"
+		}
+	}
+	debug.SetGCPercent(daemonGCPercent)
+	return strconv.Itoa(daemonGCPercent)
 }
