@@ -92,6 +92,12 @@ GALACTICTEST_FLEET_SIZES=10x10000,50x10000 run ./bench/fleet 'Fleet' 1x
 	echo "before = the program before issue 21 on the same maps; nft = the same rules in an nftables netdev"
 	echo "ingress chain on the tap (both shown to enforce them first). Goals: x-of-before <= 1.3, x-of-nft <= 0.5."
 	echo "RouteChangeToHostView: an address change returning to its caller, to the watcher's host view holding it."
+	echo "Release1000ClaimsOfGoneNetworks: the claims of 1,000 gone networks released by the startup sweep (sweep:"
+	echo "one LIST of networks, a delete per claim) or by the workers (workers: batched LISTs confirming the networks"
+	echo "gone, a delete per claim), the controller's informers holding the claims and allocations, against 1,000"
+	echo "bare client-go deletes, both at the hub's default client rate (50/s, burst 100); requests/release = every"
+	echo "HTTP request of the controller's clients in the window, per claim. Goals: x-of-bare-delete <= 1.2,"
+	echo "requests/release <= 1.2 (docs/hub.md). Hub failover is measured by integration tests: bench/FAILOVER.md."
 	echo "Fleet: N simulated nodes' informers against one API server (bench/fleet; bench/FLEET.md has the"
 	echo "large sizes and what each figure is, docs/scale.md the model built on them)."
 } > bench/RESULTS.md

@@ -7,10 +7,16 @@
 // reissued.
 //
 // The rules a caller must know: a network is collected only after a direct
-// read past the cache says it is gone; a claim is deleted only with its UID
-// as precondition and only when its allocation is recorded Retain; a claim
-// not named fabric-identity.* is never touched. The package knows client-go,
-// and nothing of the node.
+// read past the cache says it is gone, and a failed read collects nothing; a
+// claim is deleted only with its UID as precondition and only when its
+// allocation is recorded Retain; a claim not named fabric-identity.* is never
+// touched; a returning network name adopts its retained block. The direct
+// read may be one consistent LIST answering for many networks at once, and
+// the claim and its allocation may come from informers, in which case the
+// delete carries the claim's resourceVersion too, so that it removes exactly
+// the claim seen (docs/hub.md says why each read is or is not made). Every
+// write is held by a Fence first. The package knows client-go, and nothing
+// of the node.
 package hubctl
 
 import (
@@ -28,8 +34,13 @@ var (
 	ErrExists = errors.New("already exists")
 	// ErrQuota: the platform's quota on claims refused a new claim (403).
 	ErrQuota = errors.New("quota on claims exceeded")
-	// ErrPrecondition: the object's UID differs from the one read (409).
+	// ErrPrecondition: the object's UID differs from the one read (409):
+	// it was re-created, and the new one is not the caller's to touch.
 	ErrPrecondition = errors.New("precondition failed: object was re-created")
+	// ErrChanged: the object's UID is the one read but its resourceVersion
+	// is not (409): it changed since, and what was decided on the old
+	// version must be decided again on a fresh read.
+	ErrChanged = errors.New("precondition failed: object changed since it was read")
 	// ErrRefused: the API server refused the request for a reason other
 	// than those above (403, 422).
 	ErrRefused = errors.New("refused")
@@ -73,6 +84,7 @@ const (
 type Claim struct {
 	Namespace, Name string
 	UID             types.UID
+	ResourceVersion string
 	// The network it was made for, from its annotations.
 	NetworkNamespace, NetworkName string
 	ClassName                     string
@@ -88,6 +100,7 @@ type Claim struct {
 // Allocation is an IPAllocation.
 type Allocation struct {
 	Namespace, Name string
+	ResourceVersion string
 	ClaimRef        string // empty once a Retain claim is gone
 	ReclaimPolicy   string // fixed when the claim bound: the one that decides
 	AllocatedCIDR   string
@@ -98,6 +111,10 @@ type Allocation struct {
 type API interface {
 	// GetNetwork reads past any cache.
 	GetNetwork(ctx context.Context, namespace, name string) (Network, error)
+	// ListNetworkKeys reads the key of every network past any cache, in one
+	// consistent read (a snapshot, however many pages it takes): a network
+	// that existed when the read began is in it.
+	ListNetworkKeys(ctx context.Context) ([]Key, error)
 	GetFabricIdentity(ctx context.Context, namespace, name string) (FabricIdentity, error)
 	// CreateFabricIdentity returns ErrExists, and writes nothing, when the
 	// fabric identity exists already: fabric identities are immutable.
@@ -108,8 +125,10 @@ type API interface {
 	CreateClaim(ctx context.Context, c Claim) (Claim, error)
 	GetClaim(ctx context.Context, namespace, name string) (Claim, error)
 	ListClaims(ctx context.Context, namespace string) ([]Claim, error)
-	// DeleteClaim deletes only the claim with uid (ErrPrecondition).
-	DeleteClaim(ctx context.Context, namespace, name string, uid types.UID) error
+	// DeleteClaim deletes only the claim with uid (else ErrPrecondition)
+	// and, when resourceVersion is not empty, only at that version (else
+	// ErrChanged).
+	DeleteClaim(ctx context.Context, namespace, name string, uid types.UID, resourceVersion string) error
 	GetAllocation(ctx context.Context, namespace, name string) (Allocation, error)
 	ListAllocations(ctx context.Context, namespace string) ([]Allocation, error)
 	// Event records an event on a network.
@@ -130,6 +149,33 @@ type NetworkCache interface {
 	UID(namespace, name string) (types.UID, bool)
 	// Keys lists the cached networks.
 	Keys() []Key
+	// Len is how many networks are cached: what a LIST of them would
+	// return, for choosing between one LIST and a few GETs.
+	Len() int
+}
+
+// ClaimCache answers from an informer's cache about the claims of the
+// platform namespace. A cached claim may be stale: it is acted on only
+// through a delete preconditioned on its UID and resourceVersion.
+type ClaimCache interface {
+	Get(name string) (Claim, bool)
+	List() []Claim
+}
+
+// AllocationCache answers from an informer's cache about the allocations of
+// the platform namespace. An allocation's reclaimPolicy is fixed when its
+// claim binds, which is what makes a cached one good enough to release on.
+type AllocationCache interface {
+	Get(name string) (Allocation, bool)
+	List() []Allocation
+}
+
+// IdentityCache answers from an informer's cache about fabric identities.
+// Whoever feeds it must tell the controller of every change
+// (Controller.IdentityChanged), since the controller skips a read or a
+// delete on its word.
+type IdentityCache interface {
+	Get(namespace, name string) (FabricIdentity, bool)
 }
 
 // Placement places networks at locations; collecting a network unplaces it.

@@ -12,17 +12,22 @@ import (
 
 // hubChaos drives the controller through random network creates, deletes
 // and re-creates, direct-read failures, release refusals, a quota at its
-// limit and controller restarts, over the address-service model, checking
+// limit and controller restarts, over the address-service model (read over
+// its caches, as informers always current, unless direct), checking
 // after every step that no live network lost or changed its identity and
 // that no block was ever bound to two networks; then, faults cleared, that
 // no gone network still holds a quota unit (claims kept because their
 // allocation is not Retain aside). It returns the first violation.
-func hubChaos(seed uint64, ops int, breakIt func(*Controller)) error {
+func hubChaos(seed uint64, ops int, direct bool, breakIt func(*Controller)) error {
 	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	svc := newAddressService(12)
 	cache := fakeCache{}
 	newCtl := func() *Controller {
-		c := New(svc, cache, nil, nil, nil, Config{PlatformNamespace: "platform"})
+		cfg := Config{PlatformNamespace: "platform"}
+		if !direct {
+			cfg = svc.cached(cfg)
+		}
+		c := New(svc, cache, nil, nil, nil, cfg)
 		if breakIt != nil {
 			breakIt(c)
 		}
@@ -176,10 +181,18 @@ func hubChaos(seed uint64, ops int, breakIt func(*Controller)) error {
 	return nil
 }
 
+// chaosModes: the controller over informers' caches, as the command runs
+// it, and reading through the API alone.
+var chaosModes = map[string]bool{"informers": false, "direct": true}
+
 func TestHubChaosKeepsLiveNetworksAndBlocks(t *testing.T) {
-	seed := chaostest.Seed()
-	if err := hubChaos(seed, chaostest.Ops(5000), nil); err != nil {
-		t.Fatalf("seed %d: %v", seed, err)
+	for mode, direct := range chaosModes {
+		t.Run(mode, func(t *testing.T) {
+			seed := chaostest.Seed()
+			if err := hubChaos(seed, chaostest.Ops(5000), direct, nil); err != nil {
+				t.Fatalf("seed %d: %v", seed, err)
+			}
+		})
 	}
 }
 
@@ -191,13 +204,15 @@ func TestHubChaosCatchesEachBrokenVariant(t *testing.T) {
 		"Retain check off": (*Controller).BreakRetainCheck,
 		"release off":      (*Controller).BreakRelease,
 	} {
-		t.Run(name, func(t *testing.T) {
-			seed := chaostest.Seed()
-			err := hubChaos(seed, chaostest.Ops(5000), breakIt)
-			if err == nil {
-				t.Fatalf("seed %d: %s went unnoticed", seed, name)
-			}
-			t.Logf("caught: %v", err)
-		})
+		for mode, direct := range chaosModes {
+			t.Run(name+"/"+mode, func(t *testing.T) {
+				seed := chaostest.Seed()
+				err := hubChaos(seed, chaostest.Ops(5000), direct, breakIt)
+				if err == nil {
+					t.Fatalf("seed %d: %s went unnoticed", seed, name)
+				}
+				t.Logf("caught: %v", err)
+			})
+		}
 	}
 }

@@ -25,11 +25,28 @@ type Config struct {
 	// ClassName is the claims' address class; empty leaves it to the
 	// address service's default.
 	ClassName string
-	// Workers reconciling in parallel. Default 2.
+	// Workers reconciling in parallel. Default DefaultWorkers.
 	Workers int
 	// Backoff bounds the per-network retry delay. Defaults 1 s and 5 min.
 	BaseDelay, MaxDelay time.Duration
+	// Claims, Allocations and Identities are informers' caches, read
+	// instead of the API server where a stale answer is safe (docs/hub.md).
+	// Nil reads through the API instead, one request per read, as a
+	// controller without informers must.
+	Claims      ClaimCache
+	Allocations AllocationCache
+	Identities  IdentityCache
+	// Fence holds every write; nil is Unfenced.
+	Fence Fence
 }
+
+// DefaultWorkers reconcile in parallel by default. The collects of gone
+// networks wait on one shared LIST that confirms them gone, so the
+// workers are as many collects as one LIST answers: 16, as many as the
+// startup sweep keeps in flight, make a release about one request. They
+// cost nothing while idle, and the client's rate limiter, not their
+// number, bounds what the controller asks of the API server.
+const DefaultWorkers = 16
 
 // Controller reconciles networks' fabric identities.
 type Controller struct {
@@ -41,14 +58,18 @@ type Controller struct {
 	cfg     Config
 	queue   workqueue.TypedRateLimitingInterface[Key]
 
+	// confirm batches the reads that confirm networks gone (confirm.go).
+	confirm confirmer
+
 	mu sync.Mutex
 	// refused holds the claims whose release is currently kept or
 	// refused, with that result: a retry that meets the same result again
 	// is not a new release outcome and is not counted again.
 	refused map[string]string
-	// quotaWaiting holds the networks whose last claim was refused by the
-	// quota, to be tried again as soon as a claim goes away.
-	quotaWaiting map[Key]bool
+	// waiting holds the networks to try again as soon as a claim goes
+	// away: refused by the quota, or waiting for their own claim's delete
+	// to end.
+	waiting map[Key]bool
 	// claimGoneAt is when a claim was last deleted; see freedUnitWindow.
 	claimGoneAt time.Time
 	// unclaimed holds the live networks holding an adopted block with no
@@ -65,7 +86,10 @@ func New(api API, cache NetworkCache, place Placement, metrics *Metrics, log *sl
 		log = slog.New(slog.DiscardHandler)
 	}
 	if cfg.Workers <= 0 {
-		cfg.Workers = 2
+		cfg.Workers = DefaultWorkers
+	}
+	if cfg.Fence == nil {
+		cfg.Fence = Unfenced{}
 	}
 	if cfg.BaseDelay <= 0 {
 		cfg.BaseDelay = time.Second
@@ -74,11 +98,11 @@ func New(api API, cache NetworkCache, place Placement, metrics *Metrics, log *sl
 		cfg.MaxDelay = 5 * time.Minute
 	}
 	return &Controller{
-		api: api, cache: cache, place: place, metrics: metrics, log: log, cfg: cfg,
+		api: fenced{API: api, fence: cfg.Fence}, cache: cache, place: place, metrics: metrics, log: log, cfg: cfg,
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[Key](cfg.BaseDelay, cfg.MaxDelay),
 			workqueue.TypedRateLimitingQueueConfig[Key]{Name: "networks"}),
-		refused: map[string]string{}, quotaWaiting: map[Key]bool{}, unclaimed: map[Key]bool{},
+		refused: map[string]string{}, waiting: map[Key]bool{}, unclaimed: map[Key]bool{}, confirm: newConfirmer(),
 	}
 }
 
@@ -89,15 +113,34 @@ func (c *Controller) Enqueue(namespace, name string) { c.queue.Add(Key{namespace
 // network is reconciled now rather than when its backoff ends.
 func (c *Controller) ClaimBound(namespace, name string) { c.Enqueue(namespace, name) }
 
+// IdentityChanged is told, once the identity cache holds the change, that
+// the fabric identity namespace/name was created, changed or deleted. The
+// network is reconciled when the identity's presence and the network's
+// disagree: an identity the cache had not seen yet when a collect skipped
+// its delete brings the gone network back to be collected, and an identity
+// deleted under a live network (a collect that raced the network's return,
+// after its reconcile found the identity still cached) brings the network
+// back to be given one again.
+func (c *Controller) IdentityChanged(namespace, name string) {
+	present := true
+	if c.cfg.Identities != nil {
+		_, present = c.cfg.Identities.Get(namespace, name)
+	}
+	if present != c.cache.Exists(namespace, name) {
+		c.Enqueue(namespace, name)
+	}
+}
+
 // ClaimGone is told that a claim was deleted, which may have freed a quota
 // unit: every network refused for quota is tried again now. All of them,
 // since which one the quota admits is the API server's race to decide; the
-// losers are refused once more and back off as before.
+// losers are refused once more and back off as before. So is every network
+// that waited for its own claim's delete to end.
 func (c *Controller) ClaimGone() {
 	c.mu.Lock()
 	c.claimGoneAt = time.Now()
-	waiting := make([]Key, 0, len(c.quotaWaiting))
-	for k := range c.quotaWaiting {
+	waiting := make([]Key, 0, len(c.waiting))
+	for k := range c.waiting {
 		waiting = append(waiting, k)
 	}
 	c.mu.Unlock()
@@ -139,10 +182,15 @@ func (c *Controller) setUnclaimed(k Key, held bool) {
 // retained with no claimRef. Without it the gauge would read 0 after every
 // restart while the blocks stay outside the quota.
 func (c *Controller) countUnclaimed(ctx context.Context) {
-	allocs, err := c.api.ListAllocations(ctx, c.cfg.PlatformNamespace)
-	if err != nil {
-		c.log.Warn("could not list allocations to count unclaimed blocks", "error", err)
-		return
+	var allocs []Allocation
+	if c.cfg.Allocations != nil {
+		allocs = c.cfg.Allocations.List()
+	} else {
+		var err error
+		if allocs, err = c.api.ListAllocations(ctx, c.cfg.PlatformNamespace); err != nil {
+			c.log.Warn("could not list allocations to count unclaimed blocks", "error", err)
+			return
+		}
 	}
 	free := make(map[string]bool, len(allocs))
 	for _, a := range allocs {
@@ -164,13 +212,13 @@ func (c *Controller) countUnclaimed(ctx context.Context) {
 	}
 }
 
-func (c *Controller) setQuotaWaiting(k Key, waiting bool) {
+func (c *Controller) setWaiting(k Key, waiting bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if waiting {
-		c.quotaWaiting[k] = true
+		c.waiting[k] = true
 	} else {
-		delete(c.quotaWaiting, k)
+		delete(c.waiting, k)
 	}
 }
 
@@ -219,10 +267,10 @@ func (c *Controller) processNext(ctx context.Context) bool {
 func (c *Controller) Reconcile(ctx context.Context, key Key) error {
 	if c.cache.Exists(key.Namespace, key.Name) {
 		err := c.ensure(ctx, key)
-		c.setQuotaWaiting(key, errors.Is(err, ErrQuota))
+		c.setWaiting(key, errors.Is(err, ErrQuota) || errors.Is(err, errClaimGoing))
 		return err
 	}
-	c.setQuotaWaiting(key, false)
+	c.setWaiting(key, false)
 	err := c.collect(ctx, key)
 	if err == nil {
 		c.setUnclaimed(key, false)
@@ -233,17 +281,28 @@ func (c *Controller) Reconcile(ctx context.Context, key Key) error {
 // errNotBound: the claim exists but the address service has not bound it.
 var errNotBound = errors.New("claim not bound yet")
 
+// errClaimGoing: the network's claim is being deleted, released when an
+// earlier network of the name was collected. Its block is not taken from
+// it: once it is gone, the network adopts the retained allocation as any
+// returning name does, and is counted as holding no claim.
+var errClaimGoing = errors.New("claim is being deleted")
+
 func (c *Controller) ensure(ctx context.Context, key Key) error {
-	if _, err := c.api.GetFabricIdentity(ctx, key.Namespace, key.Name); err == nil {
+	if exists, err := c.identityExists(ctx, key); err != nil {
+		return err
+	} else if exists {
 		return nil // fabric identities are immutable: nothing to do
-	} else if !errors.Is(err, ErrNotFound) {
-		return fmt.Errorf("read fabric identity of %s: %w", key, err)
 	}
 	name := ClaimName(key.Namespace, key.Name)
+	// Read past the cache: a claim the cache has not seen yet must not be
+	// created twice, and one it still shows bound may be going.
 	claim, err := c.api.GetClaim(ctx, c.cfg.PlatformNamespace, name)
 	var block string
 	switch {
 	case err == nil:
+		if claim.Deleting {
+			return fmt.Errorf("claim %s of %s: %w; its block is adopted once it is gone", name, key, errClaimGoing)
+		}
 		if claim.Phase != "Bound" || claim.AllocatedCIDR == "" {
 			return fmt.Errorf("claim %s of %s: %w (phase %q)", name, key, errNotBound, claim.Phase)
 		}
@@ -278,6 +337,26 @@ func (c *Controller) ensure(ctx context.Context, key Key) error {
 	}
 	c.log.Info("fabric identity written", "network", key.String(), "identity", fabricID, "block", block, "claim", name)
 	return nil
+}
+
+// identityExists reads whether the network has its fabric identity: from
+// the identity cache when there is one. A cached identity may be one a
+// collect has just deleted under a network that came back; its delete then
+// reaches IdentityChanged, which reconciles the network again. A cached
+// absence costs at most a create that finds the identity there.
+func (c *Controller) identityExists(ctx context.Context, key Key) (bool, error) {
+	if c.cfg.Identities != nil {
+		_, ok := c.cfg.Identities.Get(key.Namespace, key.Name)
+		return ok, nil
+	}
+	_, err := c.api.GetFabricIdentity(ctx, key.Namespace, key.Name)
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, ErrNotFound):
+		return false, nil
+	}
+	return false, fmt.Errorf("read fabric identity of %s: %w", key, err)
 }
 
 // claim creates the network's claim. It returns the block when it is known
@@ -317,8 +396,9 @@ func (c *Controller) claim(ctx context.Context, key Key, name string) (string, e
 	}
 }
 
-// collect takes a network the cache reads as gone: only after a direct read
-// confirms it, the fabric identity, the placement and the claim are given back.
+// collect takes a network the cache reads as gone: only after a read past
+// the cache confirms it, the fabric identity, the placement and the claim
+// are given back.
 func (c *Controller) collect(ctx context.Context, key Key) error {
 	_, err := c.collectCounted(ctx, key, false, nil)
 	return err
@@ -329,27 +409,39 @@ func (c *Controller) collect(ctx context.Context, key Key) error {
 // both. It returns the release result: "" when nothing was released because
 // there was no claim (or the network lives).
 //
-// listed is the claim as the sweep listed it, after the sweep's own direct
-// read found the network gone: neither the network nor the claim is read
-// again, which makes a sweep over thousands of claims two round trips per
-// claim shorter. A stale listing is safe: the delete carries the listed UID
-// as precondition, and the allocation is still read before it.
+// listed is the claim as the sweep listed it, after the sweep's own LIST of
+// networks, made past the cache, lacked its network: the network is not
+// confirmed again. A stale listing is safe: the delete carries the listed
+// UID and resourceVersion as preconditions.
 func (c *Controller) collectCounted(ctx context.Context, key Key, sweep bool, listed *Claim) (string, error) {
-	var err error
 	if listed == nil {
-		_, err = c.api.GetNetwork(ctx, key.Namespace, key.Name)
-	} else {
-		err = ErrNotFound
+		c.startCollect()
+		defer c.endCollect()
+		gone, err := c.confirmGone(ctx, key)
+		switch {
+		case err != nil:
+			return c.failedBeforeRelease(sweep), fmt.Errorf("confirm %s is gone: %w", key, err)
+		case !gone:
+			c.log.Info("network the cache reads as gone still lives; nothing collected", "network", key.String())
+			return "", nil
+		}
 	}
-	switch {
-	case err == nil:
-		c.log.Info("network the cache reads as gone still lives; nothing collected", "network", key.String())
+	// A network the cache has seen come back since it read it as gone is
+	// left to ensure, which its informer event has queued. One the cache
+	// has not seen yet is collected and then given its identity again, from
+	// its retained block (docs/hub.md). The sweep did not start from the
+	// cache, so the cache's word there is no news: it collects on its LIST.
+	if listed == nil && c.cache.Exists(key.Namespace, key.Name) {
+		c.log.Info("network came back after it was confirmed gone; nothing collected", "network", key.String())
 		return "", nil
-	case !errors.Is(err, ErrNotFound):
-		return c.failedBeforeRelease(sweep), fmt.Errorf("confirm %s is gone: %w", key, err)
 	}
-	if err := c.api.DeleteFabricIdentity(ctx, key.Namespace, key.Name); err != nil && !errors.Is(err, ErrNotFound) {
-		return c.failedBeforeRelease(sweep), fmt.Errorf("delete fabric identity of %s: %w", key, err)
+	// An identity the cache has not seen is not deleted here: its add
+	// reaches IdentityChanged, which brings the network back to be
+	// collected.
+	if c.identityMayExist(key) {
+		if err := c.api.DeleteFabricIdentity(ctx, key.Namespace, key.Name); err != nil && !errors.Is(err, ErrNotFound) {
+			return c.failedBeforeRelease(sweep), fmt.Errorf("delete fabric identity of %s: %w", key, err)
+		}
 	}
 	if err := c.place.Unplace(ctx, key.Namespace, key.Name); err != nil {
 		return c.failedBeforeRelease(sweep), fmt.Errorf("unplace %s: %w", key, err)
@@ -361,6 +453,15 @@ func (c *Controller) collectCounted(ctx context.Context, key Key, sweep bool, li
 		return result, fmt.Errorf("release claim of %s: %w", key, err)
 	}
 	return result, nil
+}
+
+// identityMayExist: without an identity cache, every collect deletes.
+func (c *Controller) identityMayExist(key Key) bool {
+	if c.cfg.Identities == nil {
+		return true
+	}
+	_, ok := c.cfg.Identities.Get(key.Namespace, key.Name)
+	return ok
 }
 
 // failedBeforeRelease: the claim was not reached. The sweep still counts the
@@ -379,36 +480,74 @@ func (c *Controller) failedBeforeRelease(sweep bool) string {
 const releaseNone = ""
 
 // release deletes a gone network's claim when its allocation is recorded
-// Retain, with the claim's UID as precondition.
-// A listed claim is used as read; otherwise the claim is read.
+// Retain, with the claim's UID and resourceVersion as preconditions. The
+// claim is the listed one, else the cached one, else read. A claim that
+// changed since (ErrChanged) is read again past the cache, with its
+// allocation, and released on that read once; one re-created since
+// (ErrPrecondition) is not touched.
 func (c *Controller) release(ctx context.Context, name string, listed *Claim) (string, error) {
 	if !strings.HasPrefix(name, ClaimPrefix) {
 		return ReleaseKept, fmt.Errorf("claim %s is not a fabric-identity claim: never touched", name)
 	}
-	ns := c.cfg.PlatformNamespace
-	var claim Claim
-	var err error
-	if listed != nil && listed.Name == name {
-		claim = *listed
-	} else {
-		claim, err = c.api.GetClaim(ctx, ns, name)
-	}
-	if errors.Is(err, ErrNotFound) {
-		return releaseNone, nil
-	}
+	claim, found, err := c.claimToRelease(ctx, name, listed)
 	if err != nil {
 		return ReleaseError, fmt.Errorf("read claim %s: %w", name, err)
 	}
+	if !found {
+		return releaseNone, nil
+	}
+	result, err := c.releaseClaim(ctx, claim, false)
+	if !errors.Is(err, ErrChanged) {
+		return result, err
+	}
+	c.log.Info("claim changed since it was read; deciding its release again on a fresh read", "claim", name, "error", err)
+	claim, err = c.api.GetClaim(ctx, c.cfg.PlatformNamespace, name)
+	switch {
+	case errors.Is(err, ErrNotFound):
+		return releaseNone, nil
+	case err != nil:
+		return ReleaseError, fmt.Errorf("read claim %s again: %w", name, err)
+	}
+	return c.releaseClaim(ctx, claim, true)
+}
+
+// claimToRelease returns the claim named name: the listed one, the cached
+// one, or, without a claim cache, the one read. A claim the cache has not
+// seen yet is released when its bind is seen (ClaimBound queues its
+// network); one that never binds has no allocation and would be kept.
+func (c *Controller) claimToRelease(ctx context.Context, name string, listed *Claim) (Claim, bool, error) {
+	if listed != nil && listed.Name == name {
+		return *listed, true, nil
+	}
+	if c.cfg.Claims != nil {
+		claim, ok := c.cfg.Claims.Get(name)
+		return claim, ok, nil
+	}
+	claim, err := c.api.GetClaim(ctx, c.cfg.PlatformNamespace, name)
+	switch {
+	case errors.Is(err, ErrNotFound):
+		return Claim{}, false, nil
+	case err != nil:
+		return Claim{}, false, err
+	}
+	return claim, true, nil
+}
+
+// releaseClaim releases claim as read; fresh reads its allocation past the
+// cache.
+func (c *Controller) releaseClaim(ctx context.Context, claim Claim, fresh bool) (string, error) {
+	name := claim.Name
 	if claim.Deleting {
 		// An earlier pass released it and counted it; the address
 		// service's finalizer is still settling the allocation.
 		return releaseNone, nil
 	}
+	ns := c.cfg.PlatformNamespace
 	allocName := claim.BoundAllocation
 	if allocName == "" {
 		allocName = AllocationName(ns, name)
 	}
-	alloc, err := c.api.GetAllocation(ctx, ns, allocName)
+	alloc, err := c.allocationOf(ctx, allocName, name, fresh)
 	switch {
 	case errors.Is(err, ErrNotFound):
 		return ReleaseKept, fmt.Errorf("claim %s kept: its allocation %s is missing, so nothing proves its block would stay retained", name, allocName)
@@ -418,18 +557,34 @@ func (c *Controller) release(ctx context.Context, name string, listed *Claim) (s
 		return ReleaseKept, fmt.Errorf("claim %s kept: allocation %s is recorded reclaimPolicy %q, not Retain, so deleting the claim would free its block for reissue",
 			name, allocName, alloc.ReclaimPolicy)
 	}
-	err = c.api.DeleteClaim(ctx, ns, name, claim.UID)
+	err = c.api.DeleteClaim(ctx, ns, name, claim.UID, claim.ResourceVersion)
 	switch {
 	case err == nil, errors.Is(err, ErrNotFound):
 		c.log.Info("fabric-identity claim released; its block stays retained", "claim", name, "allocation", allocName, "block", alloc.AllocatedCIDR)
 		return ReleaseReleased, nil
 	case errors.Is(err, ErrPrecondition):
 		return ReleaseError, fmt.Errorf("claim %s was re-created during release; the new one is not deleted: %w", name, err)
+	case errors.Is(err, ErrChanged):
+		return ReleaseError, fmt.Errorf("claim %s changed during release: %w", name, err)
 	case errors.Is(err, ErrRefused):
 		return ReleaseRefused, fmt.Errorf("delete claim %s: %w", name, err)
 	default:
 		return ReleaseError, fmt.Errorf("delete claim %s: %w", name, err)
 	}
+}
+
+// allocationOf returns the allocation allocName of claim: from the cache
+// when it holds one that names the claim (its policy was fixed when the
+// claim bound, so a cached one is as good as a read), else, or when fresh,
+// read past the cache. An allocation the cache has not seen yet, or holds
+// from another claim of the name, costs that read.
+func (c *Controller) allocationOf(ctx context.Context, allocName, claim string, fresh bool) (Allocation, error) {
+	if !fresh && c.cfg.Allocations != nil {
+		if a, ok := c.cfg.Allocations.Get(allocName); ok && a.ClaimRef == claim {
+			return a, nil
+		}
+	}
+	return c.api.GetAllocation(ctx, c.cfg.PlatformNamespace, allocName)
 }
 
 // countRelease records a release result once: released each time a claim
@@ -475,75 +630,110 @@ func (c *Controller) forgetRelease(claim string) {
 	}
 }
 
-// Sweep releases, once, every fabric-identity claim whose network a direct
-// read finds gone, so that a restart while a release was failing leaks
-// nothing. Claims of live networks, and claims not named fabric-identity.*,
-// are left alone. A network it cannot settle is queued for the workers.
+// Sweep releases, once, every fabric-identity claim whose network one LIST
+// of networks, made past the cache, lacks, so that a restart while a
+// release was failing leaks nothing: the claims (from the claim cache when
+// there is one), one LIST, then one delete per claim released. Claims of
+// live networks, and claims not named fabric-identity.*, are left alone. A
+// network it cannot settle is queued for the workers.
 func (c *Controller) Sweep(ctx context.Context) {
 	c.countUnclaimed(ctx)
-	claims, err := c.api.ListClaims(ctx, c.cfg.PlatformNamespace)
-	if err != nil {
-		c.log.Warn("startup sweep could not list claims", "error", err)
-		if c.metrics != nil {
-			c.metrics.sweep.WithLabelValues(ReleaseError).Inc()
+	var claims []Claim
+	if c.cfg.Claims != nil {
+		claims = c.cfg.Claims.List()
+	} else {
+		var err error
+		if claims, err = c.api.ListClaims(ctx, c.cfg.PlatformNamespace); err != nil {
+			c.log.Warn("startup sweep could not list claims", "error", err)
+			if c.metrics != nil {
+				c.metrics.sweep.WithLabelValues(ReleaseError).Inc()
+			}
+			return
 		}
-		return
 	}
-	// Claims are settled concurrently, a few at a time: each takes several
-	// round trips, and a hub restarting after an outage may find thousands.
-	sem := make(chan struct{}, sweepConcurrency)
-	var wg sync.WaitGroup
+	type owned struct {
+		claim Claim
+		key   Key
+	}
+	var ours []owned
 	for _, cl := range claims {
 		if !strings.HasPrefix(cl.Name, ClaimPrefix) {
 			continue
 		}
+		if key, ok := c.networkOfClaim(cl); ok {
+			ours = append(ours, owned{cl, key})
+		}
+	}
+	if len(ours) == 0 {
+		return
+	}
+	networks, err := c.api.ListNetworkKeys(ctx)
+	if err != nil {
+		// Nothing is collected on a failed read: each claim's network is
+		// left to the workers, which confirm it on a read of their own.
+		c.log.Warn("startup sweep could not list networks; the workers retry each claim's network", "error", err)
+		for _, o := range ours {
+			if c.metrics != nil {
+				c.metrics.sweep.WithLabelValues(ReleaseError).Inc()
+			}
+			c.queue.AddRateLimited(o.key)
+		}
+		return
+	}
+	live := make(map[Key]bool, len(networks))
+	for _, k := range networks {
+		live[k] = true
+	}
+	// Claims are settled concurrently, a few at a time: each takes a round
+	// trip or two, and a hub restarting after an outage may find thousands.
+	sem := make(chan struct{}, sweepConcurrency)
+	var wg sync.WaitGroup
+	for _, o := range ours {
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			c.sweepClaim(ctx, cl)
+			c.sweepClaim(ctx, o.claim, o.key, live[o.key])
 		})
 	}
 	wg.Wait()
 }
 
 // sweepConcurrency: 16 claims in flight keep the API server busy while
-// each waits on its round trips; at 8, releasing 1,000 claims took 1.4x
+// each waits on its round trip; at 8, releasing 1,000 claims took 1.4x
 // bare deletes, at 16 about 1x to 1.2x (BenchmarkRelease1000ClaimsOfGoneNetworks).
 const sweepConcurrency = 16
 
-func (c *Controller) sweepClaim(ctx context.Context, cl Claim) {
-	count := func(result string) {
-		if c.metrics != nil {
-			c.metrics.sweep.WithLabelValues(result).Inc()
-		}
-	}
+// networkOfClaim is the network a claim was made for, from its annotations
+// or else its name; a claim that names none, or another network than its
+// name does, is left alone.
+func (c *Controller) networkOfClaim(cl Claim) (Key, bool) {
 	ns, name := cl.NetworkNamespace, cl.NetworkName
 	if ns == "" || name == "" {
 		var ok bool
 		if ns, name, ok = NetworkOfClaim(cl.Name); !ok {
 			c.log.Warn("startup sweep: claim names no network; left alone", "claim", cl.Name)
-			return
+			return Key{}, false
 		}
 	}
 	if ClaimName(ns, name) != cl.Name {
 		c.log.Warn("startup sweep: claim does not match the network it names; left alone", "claim", cl.Name, "network", ns+"/"+name)
-		return
+		return Key{}, false
 	}
-	_, err := c.api.GetNetwork(ctx, ns, name)
-	if err == nil {
-		count("live")
-		return
-	}
-	if !errors.Is(err, ErrNotFound) {
-		c.queue.AddRateLimited(Key{ns, name})
-		count(ReleaseError)
+	return Key{ns, name}, true
+}
+
+func (c *Controller) sweepClaim(ctx context.Context, cl Claim, key Key, live bool) {
+	if live {
+		if c.metrics != nil {
+			c.metrics.sweep.WithLabelValues("live").Inc()
+		}
 		return
 	}
 	// collectCounted counts the claim on the sweep's metric, with the
 	// result the release met: kept, refused, released or error.
-	if _, err := c.collectCounted(ctx, Key{ns, name}, true, &cl); err != nil {
+	if _, err := c.collectCounted(ctx, key, true, &cl); err != nil {
 		c.log.Warn("startup sweep: release failed, retrying with backoff", "claim", cl.Name, "error", err)
-		c.queue.AddRateLimited(Key{ns, name})
+		c.queue.AddRateLimited(key)
 	}
 }
 

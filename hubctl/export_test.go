@@ -8,19 +8,28 @@ import (
 
 // BreakDirectRead, BreakRetainCheck and BreakRelease switch off a check or
 // the release itself: the deliberately broken variants the chaos suite must
-// catch. They wrap the controller's API, so the product carries no switch
-// for them.
-func (c *Controller) BreakDirectRead()  { c.api = goneNetworks{c.api} }
-func (c *Controller) BreakRetainCheck() { c.api = retainedAllocations{c.api} }
-func (c *Controller) BreakRelease()     { c.api = undeletedClaims{c.api} }
+// catch. They wrap the controller's API and caches, so the product carries
+// no switch for them.
+func (c *Controller) BreakDirectRead() { c.api = goneNetworks{c.api} }
 
-// goneNetworks reads every network as gone: the direct read confirms
-// whatever the cache says.
+func (c *Controller) BreakRetainCheck() {
+	c.api = retainedAllocations{c.api}
+	if c.cfg.Allocations != nil {
+		c.cfg.Allocations = retainedCache{c.cfg.Allocations}
+	}
+}
+
+func (c *Controller) BreakRelease() { c.api = undeletedClaims{c.api} }
+
+// goneNetworks reads every network as gone: the read past the cache
+// confirms whatever the cache says.
 type goneNetworks struct{ API }
 
 func (goneNetworks) GetNetwork(context.Context, string, string) (Network, error) {
 	return Network{}, ErrNotFound
 }
+
+func (goneNetworks) ListNetworkKeys(context.Context) ([]Key, error) { return nil, nil }
 
 // retainedAllocations reads every allocation as recorded Retain.
 type retainedAllocations struct{ API }
@@ -33,7 +42,20 @@ func (r retainedAllocations) GetAllocation(ctx context.Context, namespace, name 
 	return a, err
 }
 
+// retainedCache caches every allocation as recorded Retain.
+type retainedCache struct{ AllocationCache }
+
+func (r retainedCache) Get(name string) (Allocation, bool) {
+	a, ok := r.AllocationCache.Get(name)
+	if ok {
+		a.ReclaimPolicy = PolicyRetain
+	}
+	return a, ok
+}
+
 // undeletedClaims accepts every claim delete and deletes nothing.
 type undeletedClaims struct{ API }
 
-func (undeletedClaims) DeleteClaim(context.Context, string, string, types.UID) error { return nil }
+func (undeletedClaims) DeleteClaim(context.Context, string, string, types.UID, string) error {
+	return nil
+}

@@ -26,10 +26,11 @@ type addressService struct {
 	nextBlock   int
 	freeBlocks  []string // blocks freed by deleting a non-Retain allocation, reissued first
 	uids        int
+	rv          int // the last resourceVersion given
 	events      []string
 
 	// Faults and hooks, set by tests.
-	getNetworkErr  error
+	getNetworkErr  error                   // fails every read of networks: GetNetwork and ListNetworkKeys
 	deleteClaimErr error                   // returned once
 	beforeDelete   func(s *addressService) // runs inside DeleteClaim, before the precondition check
 	policyAtBind   string                  // overrides the policy recorded on new allocations
@@ -55,6 +56,8 @@ func (c fakeCache) Keys() []Key {
 	}
 	return out
 }
+
+func (c fakeCache) Len() int { return len(c.Keys()) }
 
 // UID is the namespace/name key itself: distinct per network, and enough
 // to check that events carry it.
@@ -86,6 +89,36 @@ func (s *addressService) GetNetwork(_ context.Context, ns, name string) (Network
 		return Network{}, ErrNotFound
 	}
 	return n, nil
+}
+
+func (s *addressService) ListNetworkKeys(context.Context) ([]Key, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.getNetworkErr != nil {
+		return nil, s.getNetworkErr
+	}
+	out := make([]Key, 0, len(s.networks))
+	for k := range s.networks {
+		out = append(out, k)
+	}
+	return out, nil
+}
+
+// nextRV returns a new resourceVersion; s.mu is held.
+func (s *addressService) nextRV() string {
+	s.rv++
+	return fmt.Sprint(s.rv)
+}
+
+// changeClaim applies change to claim name and gives it a new
+// resourceVersion, as any write to it does.
+func (s *addressService) changeClaim(name string, change func(*Claim)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c := s.claims[name]
+	change(&c)
+	c.ResourceVersion = s.nextRV()
+	s.claims[name] = c
 }
 
 func (s *addressService) GetFabricIdentity(_ context.Context, ns, name string) (FabricIdentity, error) {
@@ -140,6 +173,7 @@ func (s *addressService) CreateClaim(_ context.Context, c Claim) (Claim, error) 
 		policy = s.policyAtBind
 	}
 	c.UID = types.UID(fmt.Sprint(s.uids))
+	c.ResourceVersion = s.nextRV()
 	block := ""
 	if n := len(s.freeBlocks); n > 0 {
 		block, s.freeBlocks = s.freeBlocks[n-1], s.freeBlocks[:n-1]
@@ -149,7 +183,7 @@ func (s *addressService) CreateClaim(_ context.Context, c Claim) (Claim, error) 
 	}
 	c.Phase, c.AllocatedCIDR, c.BoundAllocation = "Bound", block, allocName
 	s.claims[c.Name] = c
-	s.allocations[allocName] = Allocation{Namespace: c.Namespace, Name: allocName, ClaimRef: c.Name, ReclaimPolicy: policy, AllocatedCIDR: c.AllocatedCIDR}
+	s.allocations[allocName] = Allocation{Namespace: c.Namespace, Name: allocName, ResourceVersion: s.nextRV(), ClaimRef: c.Name, ReclaimPolicy: policy, AllocatedCIDR: c.AllocatedCIDR}
 	return c, nil
 }
 
@@ -173,7 +207,7 @@ func (s *addressService) ListClaims(context.Context, string) ([]Claim, error) {
 	return out, nil
 }
 
-func (s *addressService) DeleteClaim(_ context.Context, _, name string, uid types.UID) error {
+func (s *addressService) DeleteClaim(_ context.Context, _, name string, uid types.UID, resourceVersion string) error {
 	if s.beforeDelete != nil {
 		hook := s.beforeDelete
 		s.beforeDelete = nil
@@ -192,11 +226,15 @@ func (s *addressService) DeleteClaim(_ context.Context, _, name string, uid type
 	if uid != "" && c.UID != uid { // an empty uid is a delete without precondition
 		return fmt.Errorf("uid %s, want %s: %w", c.UID, uid, ErrPrecondition)
 	}
+	if resourceVersion != "" && c.ResourceVersion != resourceVersion {
+		return fmt.Errorf("resourceVersion %s, want %s: %w", c.ResourceVersion, resourceVersion, ErrChanged)
+	}
 	delete(s.claims, name)
 	s.deletedClaims = append(s.deletedClaims, name)
 	a := s.allocations[c.BoundAllocation]
 	if a.ReclaimPolicy == PolicyRetain {
 		a.ClaimRef = ""
+		a.ResourceVersion = s.nextRV()
 		s.allocations[c.BoundAllocation] = a
 	} else {
 		delete(s.allocations, c.BoundAllocation) // the block is free for reissue
@@ -232,3 +270,131 @@ func (s *addressService) Event(_ context.Context, n Network, _ bool, reason, msg
 }
 
 var errInjected = errors.New("injected fault")
+
+// svcCaches are the controller's caches over the model: informers that
+// are always current. Tests that need a stale cache wrap them.
+type svcCaches struct{ s *addressService }
+
+type svcClaims svcCaches
+
+func (c svcClaims) Get(name string) (Claim, bool) {
+	c.s.mu.Lock()
+	defer c.s.mu.Unlock()
+	cl, ok := c.s.claims[name]
+	return cl, ok
+}
+
+func (c svcClaims) List() []Claim {
+	c.s.mu.Lock()
+	defer c.s.mu.Unlock()
+	out := make([]Claim, 0, len(c.s.claims))
+	for _, cl := range c.s.claims {
+		out = append(out, cl)
+	}
+	return out
+}
+
+type svcAllocations svcCaches
+
+func (c svcAllocations) Get(name string) (Allocation, bool) {
+	c.s.mu.Lock()
+	defer c.s.mu.Unlock()
+	a, ok := c.s.allocations[name]
+	return a, ok
+}
+
+func (c svcAllocations) List() []Allocation {
+	c.s.mu.Lock()
+	defer c.s.mu.Unlock()
+	out := make([]Allocation, 0, len(c.s.allocations))
+	for _, a := range c.s.allocations {
+		out = append(out, a)
+	}
+	return out
+}
+
+type svcIdentities svcCaches
+
+func (c svcIdentities) Get(ns, name string) (FabricIdentity, bool) {
+	c.s.mu.Lock()
+	defer c.s.mu.Unlock()
+	id, ok := c.s.identities[Key{ns, name}]
+	return id, ok
+}
+
+// cached sets cfg's caches to the model's.
+func (s *addressService) cached(cfg Config) Config {
+	cfg.Claims, cfg.Allocations, cfg.Identities = svcClaims{s}, svcAllocations{s}, svcIdentities{s}
+	return cfg
+}
+
+// counting counts the requests the controller makes of the API, by method.
+type counting struct {
+	API
+	mu    sync.Mutex
+	calls map[string]int
+}
+
+func (c *counting) count(method string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.calls == nil {
+		c.calls = map[string]int{}
+	}
+	c.calls[method]++
+}
+
+func (c *counting) GetNetwork(ctx context.Context, ns, name string) (Network, error) {
+	c.count("GetNetwork")
+	return c.API.GetNetwork(ctx, ns, name)
+}
+
+func (c *counting) ListNetworkKeys(ctx context.Context) ([]Key, error) {
+	c.count("ListNetworkKeys")
+	return c.API.ListNetworkKeys(ctx)
+}
+
+func (c *counting) GetFabricIdentity(ctx context.Context, ns, name string) (FabricIdentity, error) {
+	c.count("GetFabricIdentity")
+	return c.API.GetFabricIdentity(ctx, ns, name)
+}
+
+func (c *counting) CreateFabricIdentity(ctx context.Context, id FabricIdentity) error {
+	c.count("CreateFabricIdentity")
+	return c.API.CreateFabricIdentity(ctx, id)
+}
+
+func (c *counting) DeleteFabricIdentity(ctx context.Context, ns, name string) error {
+	c.count("DeleteFabricIdentity")
+	return c.API.DeleteFabricIdentity(ctx, ns, name)
+}
+
+func (c *counting) CreateClaim(ctx context.Context, cl Claim) (Claim, error) {
+	c.count("CreateClaim")
+	return c.API.CreateClaim(ctx, cl)
+}
+
+func (c *counting) GetClaim(ctx context.Context, ns, name string) (Claim, error) {
+	c.count("GetClaim")
+	return c.API.GetClaim(ctx, ns, name)
+}
+
+func (c *counting) ListClaims(ctx context.Context, ns string) ([]Claim, error) {
+	c.count("ListClaims")
+	return c.API.ListClaims(ctx, ns)
+}
+
+func (c *counting) DeleteClaim(ctx context.Context, ns, name string, uid types.UID, rv string) error {
+	c.count("DeleteClaim")
+	return c.API.DeleteClaim(ctx, ns, name, uid, rv)
+}
+
+func (c *counting) GetAllocation(ctx context.Context, ns, name string) (Allocation, error) {
+	c.count("GetAllocation")
+	return c.API.GetAllocation(ctx, ns, name)
+}
+
+func (c *counting) ListAllocations(ctx context.Context, ns string) ([]Allocation, error) {
+	c.count("ListAllocations")
+	return c.API.ListAllocations(ctx, ns)
+}

@@ -68,12 +68,27 @@ func mapErr(err error) error {
 		return fmt.Errorf("%w: %w", ErrNotFound, err)
 	case apierrors.IsForbidden(err) && strings.Contains(err.Error(), "exceeded quota"):
 		return fmt.Errorf("%w: %w", ErrQuota, err)
-	case apierrors.IsConflict(err) && strings.Contains(err.Error(), "Precondition failed: UID"):
+	case apierrors.IsConflict(err) && preconditionFailed(err, "UID"):
 		return fmt.Errorf("%w: %w", ErrPrecondition, err)
+	case apierrors.IsConflict(err) && preconditionFailed(err, "ResourceVersion"):
+		return fmt.Errorf("%w: %w", ErrChanged, err)
 	case apierrors.IsForbidden(err), apierrors.IsInvalid(err), apierrors.IsAlreadyExists(err), apierrors.IsMethodNotSupported(err):
 		return fmt.Errorf("%w: %w", ErrRefused, err)
 	}
 	return err
+}
+
+// preconditionFailed reports whether a 409 is a delete's failed precondition
+// on field (UID or ResourceVersion). The status carries no cause to tell
+// them apart, only its message, which kube-apiserver words two ways: "the
+// UID in the precondition (…) does not match …" when the registry checks
+// before deleting (rest.BeforeDelete), "Precondition failed: UID in
+// precondition: …" when storage checks it (storage.Preconditions.Check, the
+// path of an object with finalizers). Both check the UID first, so an
+// object re-created reads as re-created even when both differ.
+func preconditionFailed(err error, field string) bool {
+	msg := err.Error()
+	return strings.Contains(msg, "the "+field+" in the precondition") || strings.Contains(msg, "Precondition failed: "+field)
 }
 
 func (k *Kube) get(ctx context.Context, gvr schema.GroupVersionResource, ns, name string) (*unstructured.Unstructured, error) {
@@ -90,15 +105,48 @@ func (k *Kube) GetNetwork(ctx context.Context, ns, name string) (Network, error)
 	return Network{Namespace: ns, Name: name, UID: u.GetUID()}, nil
 }
 
+// listPageSize is how many networks one page of ListNetworkKeys asks for:
+// large enough that a hub of a few hundred networks is one request, small
+// enough that no response is huge.
+const listPageSize = 500
+
+// ListNetworkKeys implements API with a paginated LIST at resourceVersion
+// "": a quorum read of etcd (or of a watch cache proven as fresh), whose
+// continue pages are served from the same snapshot. It goes through the
+// dynamic client, whose rate limiter the deletes share, rather than a
+// metadata-only client with a limiter of its own.
+func (k *Kube) ListNetworkKeys(ctx context.Context) ([]Key, error) {
+	ri := k.dyn.Resource(NetworkResource).Namespace(metav1.NamespaceAll)
+	opts := metav1.ListOptions{Limit: listPageSize}
+	var keys []Key
+	for {
+		list, err := ri.List(ctx, opts)
+		if err != nil {
+			return nil, fmt.Errorf("list networks: %w", mapErr(err))
+		}
+		for i := range list.Items {
+			keys = append(keys, Key{list.Items[i].GetNamespace(), list.Items[i].GetName()})
+		}
+		if list.GetContinue() == "" {
+			return keys, nil
+		}
+		opts.Continue = list.GetContinue()
+	}
+}
+
 // GetFabricIdentity implements API.
 func (k *Kube) GetFabricIdentity(ctx context.Context, ns, name string) (FabricIdentity, error) {
 	u, err := k.get(ctx, FabricIdentityResource, ns, name)
 	if err != nil {
 		return FabricIdentity{}, err
 	}
+	return identityFrom(u), nil
+}
+
+func identityFrom(u *unstructured.Unstructured) FabricIdentity {
 	id, _, _ := unstructured.NestedInt64(u.Object, "spec", "identity")
 	ref, _, _ := unstructured.NestedString(u.Object, "spec", "networkRef", "name")
-	return FabricIdentity{Namespace: ns, Name: name, FabricID: uint32(id), NetworkRef: ref}, nil
+	return FabricIdentity{Namespace: u.GetNamespace(), Name: u.GetName(), FabricID: uint32(id), NetworkRef: ref}
 }
 
 // CreateFabricIdentity implements API; an identity that exists already is kept
@@ -171,7 +219,7 @@ func claimFrom(u *unstructured.Unstructured) Claim {
 		bound = str("status", "boundAllocationRef")
 	}
 	return Claim{
-		Namespace: u.GetNamespace(), Name: u.GetName(), UID: u.GetUID(),
+		Namespace: u.GetNamespace(), Name: u.GetName(), UID: u.GetUID(), ResourceVersion: u.GetResourceVersion(),
 		NetworkNamespace: ann[AnnotationNetworkNamespace], NetworkName: ann[AnnotationNetworkName],
 		ClassName: str("spec", "className"), PrefixLength: int(prefix), ReclaimPolicy: str("spec", "reclaimPolicy"),
 		Phase: str("status", "phase"), AllocatedCIDR: str("status", "allocatedCIDR"), BoundAllocation: bound,
@@ -201,9 +249,14 @@ func (k *Kube) ListClaims(ctx context.Context, ns string) ([]Claim, error) {
 	return out, nil
 }
 
-// DeleteClaim implements API with a UID precondition.
-func (k *Kube) DeleteClaim(ctx context.Context, ns, name string, uid types.UID) error {
-	return mapErr(k.dyn.Resource(ClaimResource).Namespace(ns).Delete(ctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}}))
+// DeleteClaim implements API with a UID precondition, and a resourceVersion
+// one when resourceVersion is not empty.
+func (k *Kube) DeleteClaim(ctx context.Context, ns, name string, uid types.UID, resourceVersion string) error {
+	pre := &metav1.Preconditions{UID: &uid}
+	if resourceVersion != "" {
+		pre.ResourceVersion = &resourceVersion
+	}
+	return mapErr(k.dyn.Resource(ClaimResource).Namespace(ns).Delete(ctx, name, metav1.DeleteOptions{Preconditions: pre}))
 }
 
 // GetAllocation implements API.
@@ -217,8 +270,8 @@ func (k *Kube) GetAllocation(ctx context.Context, ns, name string) (Allocation, 
 
 func allocationFrom(u *unstructured.Unstructured) Allocation {
 	str := func(fields ...string) string { s, _, _ := unstructured.NestedString(u.Object, fields...); return s }
-	return Allocation{Namespace: u.GetNamespace(), Name: u.GetName(), ClaimRef: str("spec", "claimRef", "name"), ReclaimPolicy: str("spec", "reclaimPolicy"),
-		AllocatedCIDR: str("status", "allocatedCIDR")}
+	return Allocation{Namespace: u.GetNamespace(), Name: u.GetName(), ResourceVersion: u.GetResourceVersion(),
+		ClaimRef: str("spec", "claimRef", "name"), ReclaimPolicy: str("spec", "reclaimPolicy"), AllocatedCIDR: str("status", "allocatedCIDR")}
 }
 
 // ListAllocations implements API.
@@ -245,6 +298,76 @@ func (k *Kube) Event(_ context.Context, n Network, warning bool, reason, message
 		Namespace: n.Namespace, Name: n.Name, UID: n.UID}, typ, reason, message)
 }
 
+// newInformer returns an informer over ri whose cache keeps of each object
+// only what trim returns, so that a hub with thousands of objects caches
+// little.
+func newInformer(ri dynamic.ResourceInterface, what string, trim cache.TransformFunc) (cache.SharedIndexInformer, error) {
+	lw := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			return ri.List(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			return ri.Watch(ctx, o)
+		},
+	}
+	inf := cache.NewSharedIndexInformerWithOptions(lw, &unstructured.Unstructured{}, cache.SharedIndexInformerOptions{ObjectDescription: what})
+	if err := inf.SetTransform(trim); err != nil {
+		return nil, fmt.Errorf("%s informer: %w", what, err)
+	}
+	return inf, nil
+}
+
+// trimmed is u with its identifying metadata (namespace, name, uid,
+// resourceVersion, deletionTimestamp) and the fields at paths, nothing else.
+func trimmed(u *unstructured.Unstructured, paths ...[]string) *unstructured.Unstructured {
+	meta := map[string]any{"namespace": u.GetNamespace(), "name": u.GetName(), "uid": string(u.GetUID()),
+		"resourceVersion": u.GetResourceVersion()}
+	if ts := u.GetDeletionTimestamp(); ts != nil {
+		meta["deletionTimestamp"] = ts.UTC().Format(time.RFC3339)
+	}
+	out := &unstructured.Unstructured{Object: map[string]any{"apiVersion": u.GetAPIVersion(), "kind": u.GetKind(), "metadata": meta}}
+	for _, p := range paths {
+		if v, ok, _ := unstructured.NestedFieldNoCopy(u.Object, p...); ok {
+			// Decoded JSON values only, which SetNestedField copies safely.
+			_ = unstructured.SetNestedField(out.Object, v, p...)
+		}
+	}
+	return out
+}
+
+// trimWith turns a trimming of unstructured objects into a TransformFunc;
+// other objects (the informer's tombstones) pass as they are.
+func trimWith(trim func(*unstructured.Unstructured) *unstructured.Unstructured) cache.TransformFunc {
+	return func(obj any) (any, error) {
+		if u, ok := obj.(*unstructured.Unstructured); ok {
+			return trim(u), nil
+		}
+		return obj, nil
+	}
+}
+
+// cached returns the unstructured object under key in inf's cache.
+func cached(inf cache.SharedIndexInformer, key string) (*unstructured.Unstructured, bool) {
+	obj, ok, err := inf.GetIndexer().GetByKey(key)
+	if !ok || err != nil {
+		return nil, false
+	}
+	u, isU := obj.(*unstructured.Unstructured)
+	return u, isU
+}
+
+// keyHandler calls on with the namespace and name of every object added,
+// updated or deleted (a tombstone's too).
+func keyHandler(on func(namespace, name string)) cache.ResourceEventHandler {
+	onChange := func(obj any) {
+		if key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj); err == nil {
+			ns, name, _ := cache.SplitMetaNamespaceKey(key)
+			on(ns, name)
+		}
+	}
+	return cache.ResourceEventHandlerFuncs{AddFunc: onChange, UpdateFunc: func(_, n any) { onChange(n) }, DeleteFunc: onChange}
+}
+
 // NetworkInformer watches Networks, keeps only their keys, and calls
 // enqueue for every change; it is the controller's NetworkCache.
 type NetworkInformer struct {
@@ -253,33 +376,16 @@ type NetworkInformer struct {
 
 // NewNetworkInformer returns an informer over networks in all namespaces.
 func NewNetworkInformer(dyn dynamic.Interface, enqueue func(namespace, name string)) (*NetworkInformer, error) {
-	ri := dyn.Resource(NetworkResource)
-	lw := &cache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			return ri.Namespace(metav1.NamespaceAll).List(ctx, o)
-		},
-		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			return ri.Namespace(metav1.NamespaceAll).Watch(ctx, o)
-		},
-	}
-	inf := cache.NewSharedIndexInformerWithOptions(lw, &unstructured.Unstructured{}, cache.SharedIndexInformerOptions{ObjectDescription: "networks"})
-	if err := inf.SetTransform(func(obj any) (any, error) {
+	inf, err := newInformer(dyn.Resource(NetworkResource).Namespace(metav1.NamespaceAll), "networks", func(obj any) (any, error) {
 		if u, ok := obj.(*unstructured.Unstructured); ok {
 			return &metav1.PartialObjectMetadata{ObjectMeta: metav1.ObjectMeta{Namespace: u.GetNamespace(), Name: u.GetName(), UID: u.GetUID(), ResourceVersion: u.GetResourceVersion()}}, nil
 		}
 		return obj, nil
-	}); err != nil {
+	})
+	if err != nil {
 		return nil, err
 	}
-	onChange := func(obj any) {
-		if key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj); err == nil {
-			ns, name, _ := cache.SplitMetaNamespaceKey(key)
-			enqueue(ns, name)
-		}
-	}
-	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: onChange, UpdateFunc: func(_, n any) { onChange(n) }, DeleteFunc: onChange,
-	}); err != nil {
+	if _, err := inf.AddEventHandler(keyHandler(enqueue)); err != nil {
 		return nil, err
 	}
 	return &NetworkInformer{informer: inf}, nil
@@ -303,6 +409,9 @@ func (n *NetworkInformer) Keys() []Key {
 	return out
 }
 
+// Len implements NetworkCache.
+func (n *NetworkInformer) Len() int { return len(n.informer.GetIndexer().ListKeys()) }
+
 // UID implements NetworkCache.
 func (n *NetworkInformer) UID(ns, name string) (types.UID, bool) {
 	obj, ok, err := n.informer.GetIndexer().GetByKey(ns + "/" + name)
@@ -325,10 +434,12 @@ func (n *NetworkInformer) Exists(ns, name string) bool {
 // ClaimInformer watches the claims in the platform namespace, so that a
 // network learns at once that its claim was bound, and networks refused for
 // quota learn at once that a unit was freed, instead of waiting out their
-// backoff. It keeps only what that needs: name, the network annotations and
-// the phase.
+// backoff. It is the controller's ClaimCache too: it keeps what a release
+// decides on (uid, resourceVersion, phase, bound allocation, block, policy,
+// the network annotations, deletionTimestamp), and nothing else.
 type ClaimInformer struct {
-	informer cache.SharedIndexInformer
+	informer  cache.SharedIndexInformer
+	namespace string
 }
 
 // ClaimEvents are what a ClaimInformer reports.
@@ -342,18 +453,9 @@ type ClaimEvents struct {
 
 // NewClaimInformer returns an informer over the claims in namespace.
 func NewClaimInformer(dyn dynamic.Interface, namespace string, on ClaimEvents) (*ClaimInformer, error) {
-	ri := dyn.Resource(ClaimResource).Namespace(namespace)
-	lw := &cache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			return ri.List(ctx, o)
-		},
-		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			return ri.Watch(ctx, o)
-		},
-	}
-	inf := cache.NewSharedIndexInformerWithOptions(lw, &unstructured.Unstructured{}, cache.SharedIndexInformerOptions{ObjectDescription: "ipclaims"})
-	if err := inf.SetTransform(trimClaim); err != nil {
-		return nil, fmt.Errorf("claim informer: %w", err)
+	inf, err := newInformer(dyn.Resource(ClaimResource).Namespace(namespace), "ipclaims", trimWith(trimClaim))
+	if err != nil {
+		return nil, err
 	}
 	bound := func(obj any) {
 		u, ok := obj.(*unstructured.Unstructured)
@@ -381,32 +483,21 @@ func NewClaimInformer(dyn dynamic.Interface, namespace string, on ClaimEvents) (
 	}); err != nil {
 		return nil, fmt.Errorf("claim informer: %w", err)
 	}
-	return &ClaimInformer{informer: inf}, nil
+	return &ClaimInformer{informer: inf, namespace: namespace}, nil
 }
 
-// trimClaim keeps of a claim only what ClaimInformer's handlers read, so a
-// hub with thousands of claims caches little.
-func trimClaim(obj any) (any, error) {
-	u, ok := obj.(*unstructured.Unstructured)
-	if !ok {
-		return obj, nil
-	}
-	ann := map[string]any{}
+// trimClaim keeps of a claim what claimFrom reads.
+func trimClaim(u *unstructured.Unstructured) *unstructured.Unstructured {
+	out := trimmed(u, []string{"spec", "reclaimPolicy"}, []string{"spec", "prefixLength"}, []string{"spec", "className"},
+		[]string{"status", "phase"}, []string{"status", "allocatedCIDR"}, []string{"status", "boundAllocationRef"})
+	ann := map[string]string{}
 	for _, k := range []string{AnnotationNetworkNamespace, AnnotationNetworkName} {
 		if v, ok := u.GetAnnotations()[k]; ok {
 			ann[k] = v
 		}
 	}
-	phase, _, _ := unstructured.NestedString(u.Object, "status", "phase")
-	meta := map[string]any{"namespace": u.GetNamespace(), "name": u.GetName(), "uid": string(u.GetUID()),
-		"resourceVersion": u.GetResourceVersion(), "annotations": ann}
-	if ts := u.GetDeletionTimestamp(); ts != nil {
-		meta["deletionTimestamp"] = ts.UTC().Format(time.RFC3339)
-	}
-	return &unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": u.GetAPIVersion(), "kind": u.GetKind(), "metadata": meta,
-		"status": map[string]any{"phase": phase},
-	}}, nil
+	out.SetAnnotations(ann)
+	return out
 }
 
 // Run runs the informer until ctx ends.
@@ -414,3 +505,110 @@ func (c *ClaimInformer) Run(ctx context.Context) { c.informer.RunWithContext(ctx
 
 // HasSynced reports whether the initial list has been read.
 func (c *ClaimInformer) HasSynced() bool { return c.informer.HasSynced() }
+
+// Get implements ClaimCache.
+func (c *ClaimInformer) Get(name string) (Claim, bool) {
+	u, ok := cached(c.informer, c.namespace+"/"+name)
+	if !ok {
+		return Claim{}, false
+	}
+	return claimFrom(u), true
+}
+
+// List implements ClaimCache.
+func (c *ClaimInformer) List() []Claim {
+	objs := c.informer.GetIndexer().List()
+	out := make([]Claim, 0, len(objs))
+	for _, obj := range objs {
+		if u, ok := obj.(*unstructured.Unstructured); ok {
+			out = append(out, claimFrom(u))
+		}
+	}
+	return out
+}
+
+// AllocationInformer caches the allocations of the platform namespace: the
+// controller's AllocationCache.
+type AllocationInformer struct {
+	informer  cache.SharedIndexInformer
+	namespace string
+}
+
+// NewAllocationInformer returns an informer over the allocations in
+// namespace.
+func NewAllocationInformer(dyn dynamic.Interface, namespace string) (*AllocationInformer, error) {
+	inf, err := newInformer(dyn.Resource(AllocationResource).Namespace(namespace), "ipallocations", trimWith(func(u *unstructured.Unstructured) *unstructured.Unstructured {
+		return trimmed(u, []string{"spec", "claimRef", "name"}, []string{"spec", "reclaimPolicy"}, []string{"status", "allocatedCIDR"})
+	}))
+	if err != nil {
+		return nil, err
+	}
+	return &AllocationInformer{informer: inf, namespace: namespace}, nil
+}
+
+// Run runs the informer until ctx ends.
+func (a *AllocationInformer) Run(ctx context.Context) { a.informer.RunWithContext(ctx) }
+
+// HasSynced reports whether the initial list has been read.
+func (a *AllocationInformer) HasSynced() bool { return a.informer.HasSynced() }
+
+// Get implements AllocationCache.
+func (a *AllocationInformer) Get(name string) (Allocation, bool) {
+	u, ok := cached(a.informer, a.namespace+"/"+name)
+	if !ok {
+		return Allocation{}, false
+	}
+	return allocationFrom(u), true
+}
+
+// List implements AllocationCache.
+func (a *AllocationInformer) List() []Allocation {
+	objs := a.informer.GetIndexer().List()
+	out := make([]Allocation, 0, len(objs))
+	for _, obj := range objs {
+		if u, ok := obj.(*unstructured.Unstructured); ok {
+			out = append(out, allocationFrom(u))
+		}
+	}
+	return out
+}
+
+// FabricIdentityInformer caches the fabric identities of all namespaces
+// (their identity and network, nothing else): the controller's
+// IdentityCache.
+type FabricIdentityInformer struct {
+	informer cache.SharedIndexInformer
+}
+
+// NewFabricIdentityInformer returns an informer over fabric identities in
+// all namespaces that calls changed with the namespace and name of every
+// identity added, changed or deleted, once its cache holds the change: the
+// controller's IdentityChanged.
+func NewFabricIdentityInformer(dyn dynamic.Interface, changed func(namespace, name string)) (*FabricIdentityInformer, error) {
+	inf, err := newInformer(dyn.Resource(FabricIdentityResource).Namespace(metav1.NamespaceAll), "networkfabricidentities",
+		trimWith(func(u *unstructured.Unstructured) *unstructured.Unstructured {
+			return trimmed(u, []string{"spec", "identity"}, []string{"spec", "networkRef", "name"})
+		}))
+	if err != nil {
+		return nil, err
+	}
+	if _, err := inf.AddEventHandler(keyHandler(changed)); err != nil {
+		return nil, fmt.Errorf("fabric identity informer: %w", err)
+	}
+	return &FabricIdentityInformer{informer: inf}, nil
+}
+
+// Run runs the informer until ctx ends.
+func (f *FabricIdentityInformer) Run(ctx context.Context) { f.informer.RunWithContext(ctx) }
+
+// HasSynced reports whether the initial list has been read.
+func (f *FabricIdentityInformer) HasSynced() bool { return f.informer.HasSynced() }
+
+// Get implements IdentityCache.
+func (f *FabricIdentityInformer) Get(namespace, name string) (FabricIdentity, bool) {
+	u, ok := cached(f.informer, namespace+"/"+name)
+	if !ok {
+		return FabricIdentity{}, false
+	}
+	return identityFrom(u), true
+}
