@@ -18,6 +18,7 @@ type Metrics struct {
 	quotaRefusals  prometheus.Counter
 	identitiesMade prometheus.Counter
 	unclaimed      prometheus.Gauge
+	leader         prometheus.Gauge
 }
 
 // NewMetrics creates the metrics and registers them on reg.
@@ -47,13 +48,17 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "galactic_hub_unclaimed_blocks",
 			Help: "Blocks held by live networks that hold no claim (adopted after 409 AllocationRetained): they count against no quota.",
 		}),
+		leader: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "galactic_hub_leader",
+			Help: "1 while this instance leads (holds the leader Lease and reconciles), else 0. The max over replicas is 0 when replicas are up but none leads.",
+		}),
 	}
 	for _, r := range []string{ReleaseReleased, ReleaseKept, ReleaseRefused, ReleaseError} {
 		m.releases.WithLabelValues(r)
 		m.sweep.WithLabelValues(r)
 	}
 	m.sweep.WithLabelValues("live")
-	for _, c := range []prometheus.Collector{m.releases, m.refused, m.sweep, m.quotaRefusals, m.identitiesMade, m.unclaimed} {
+	for _, c := range []prometheus.Collector{m.releases, m.refused, m.sweep, m.quotaRefusals, m.identitiesMade, m.unclaimed, m.leader} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -73,3 +78,6 @@ func Releases(m *Metrics, result string) prometheus.Collector {
 
 // UnclaimedBlocks exposes galactic_hub_unclaimed_blocks.
 func UnclaimedBlocks(m *Metrics) prometheus.Collector { return m.unclaimed }
+
+// Leader exposes galactic_hub_leader.
+func Leader(m *Metrics) prometheus.Collector { return m.leader }

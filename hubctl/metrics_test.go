@@ -223,3 +223,26 @@ func TestAReturningNetworkAtAFullQuotaWaitsForAUnitThenAdopts(t *testing.T) {
 		t.Fatalf("%d blocks handed out, want 2: the returning network claimed a new one", s.svc.nextBlock)
 	}
 }
+
+// galactic_hub_leader: 1 on the leader alone, from when it starts leading
+// to when it stops; then 1 on the instance that took over. Client-go's
+// elector on a real API server.
+func TestMetricLeaderIsOneOnTheLeaderAlone(t *testing.T) {
+	cs := electionClient(t)
+	ns := platformNamespace(t, cs)
+	leader := func(e *elector) float64 { return testutil.ToFloat64(e.metrics.leader) }
+	one := campaign(t, cs, ns, "one")
+	one.awaitLeading(t, "one")
+	two := campaign(t, cs, ns, "two")
+	if l1, l2 := leader(one), leader(two); l1 != 1 || l2 != 0 {
+		t.Fatalf("leader gauges %v (leading) and %v (following), want 1 and 0", l1, l2)
+	}
+	one.stop(t)
+	if l1 := leader(one); l1 != 0 {
+		t.Fatalf("leader gauge %v once leadership ended, want 0", l1)
+	}
+	two.awaitLeading(t, "two")
+	if l2 := leader(two); l2 != 1 {
+		t.Fatalf("leader gauge %v on the instance that took over, want 1", l2)
+	}
+}

@@ -67,7 +67,7 @@ func runEnv(ctx context.Context, args, environ []string, stdout, stderr io.Write
 	leaseNS := fs.String("lease-namespace", "", "namespace of the leader Lease (default: --platform-namespace)")
 	leaseName := fs.String("lease-name", "galactic-hubctl", "name of the leader Lease")
 	id := fs.String("id", "", "this instance's identity in the election (default: the hostname)")
-	workers := fs.Int("workers", 2, "networks reconciled in parallel")
+	workers := fs.Int("workers", hubctl.DefaultWorkers, "networks reconciled in parallel (collects share one read of the networks past the cache)")
 	listen := fs.String("listen", ":9181", "address of /metrics, /healthz and /readyz")
 	logFormat := fs.String("log-format", "json", "json or text")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
@@ -125,6 +125,10 @@ func runEnv(ctx context.Context, args, environ []string, stdout, stderr io.Write
 		return fmt.Errorf("kubernetes configuration: %w", err)
 	}
 	cfg.QPS, cfg.Burst = float32(*qps), *burst
+	// Replicas share one service account: the instance in the user agent
+	// tells them apart in the API server's audit log.
+	cfg.UserAgent = fmt.Sprintf("%s/%s (%s)", prog, buildinfo.Version(version), *id)
+	cfg.Wrap(hubctl.FenceTransport)
 	dyn, err := dynamic.NewForConfig(cfg)
 	if err != nil {
 		return err
@@ -141,6 +145,9 @@ func runEnv(ctx context.Context, args, environ []string, stdout, stderr io.Write
 	if err != nil {
 		return err
 	}
+	// The fence the leader's writes hold: none lands after its lease may
+	// have passed to another replica (a replica paused past its lease).
+	fence := hubctl.NewLeaseFence(timing)
 	var ctl *hubctl.Controller
 	networks, err := hubctl.NewNetworkInformer(dyn, func(ns, name string) { ctl.Enqueue(ns, name) })
 	if err != nil {
@@ -148,8 +155,6 @@ func runEnv(ctx context.Context, args, environ []string, stdout, stderr io.Write
 	}
 	kube := hubctl.NewKube(dyn, cs, "galactic-hubctl")
 	defer kube.Shutdown()
-	ctl = hubctl.New(kube, networks, nil, metrics, log,
-		hubctl.Config{PlatformNamespace: *platform, ClassName: *className, Workers: *workers})
 	claims, err := hubctl.NewClaimInformer(dyn, *platform, hubctl.ClaimEvents{
 		Bound: func(ns, name string) { ctl.ClaimBound(ns, name) },
 		Gone:  func() { ctl.ClaimGone() },
@@ -157,8 +162,22 @@ func runEnv(ctx context.Context, args, environ []string, stdout, stderr io.Write
 	if err != nil {
 		return err
 	}
+	allocations, err := hubctl.NewAllocationInformer(dyn, *platform)
+	if err != nil {
+		return err
+	}
+	identities, err := hubctl.NewFabricIdentityInformer(dyn, func(ns, name string) { ctl.IdentityChanged(ns, name) })
+	if err != nil {
+		return err
+	}
+	// The informers' handlers call ctl only once they run, after this.
+	ctl = hubctl.New(kube, networks, nil, metrics, log,
+		hubctl.Config{PlatformNamespace: *platform, ClassName: *className, Workers: *workers, Fence: fence,
+			Claims: claims, Allocations: allocations, Identities: identities})
 	go networks.Run(ctx)
 	go claims.Run(ctx)
+	go allocations.Run(ctx)
+	go identities.Run(ctx)
 
 	if *listen != "" {
 		l, err := net.Listen("tcp", *listen)
@@ -166,8 +185,8 @@ func runEnv(ctx context.Context, args, environ []string, stdout, stderr io.Write
 			return fmt.Errorf("listen %s: %w", *listen, err)
 		}
 		ready := func(context.Context) error {
-			if !networks.HasSynced() || !claims.HasSynced() {
-				return errors.New("network or claim cache not synced")
+			if !networks.HasSynced() || !claims.HasSynced() || !allocations.HasSynced() || !identities.HasSynced() {
+				return errors.New("network, claim, allocation or fabric identity cache not synced")
 			}
 			return nil
 		}
@@ -185,11 +204,11 @@ func runEnv(ctx context.Context, args, environ []string, stdout, stderr io.Write
 		"renew_deadline", timing.RenewDeadline, "retry_period", timing.RetryPeriod)
 	err = hubctl.RunAsLeader(ctx, cs, *leaseNS, *leaseName, *id, timing, func(lctx context.Context) {
 		log.Info("leading: reconciling")
-		if !cache.WaitForCacheSync(lctx.Done(), networks.HasSynced, claims.HasSynced) {
+		if !cache.WaitForCacheSync(lctx.Done(), networks.HasSynced, claims.HasSynced, allocations.HasSynced, identities.HasSynced) {
 			return
 		}
 		ctl.Run(lctx)
-	})
+	}, hubctl.WithFence(fence), hubctl.WithMetrics(metrics))
 	if err != nil {
 		return err
 	}
