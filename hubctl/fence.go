@@ -88,6 +88,14 @@ type LeaseFence struct {
 	lease time.Duration
 	// stopped: leadership ended; no later write of the Lease reopens it.
 	stopped bool
+	// open ends when the fence closes (our release, the end of leading):
+	// a write let through before then is abandoned then too, not only
+	// the writes asked for after. client-go releases the Lease before it
+	// cancels the leader's context, so workers run on meanwhile, and a
+	// write held earlier, waiting on the client's rate limiter, would
+	// otherwise go out after another instance may have taken the Lease.
+	open      context.Context
+	closeOpen context.CancelFunc
 }
 
 // minFenceMargin is the least margin of a LeaseFence; see LeaseFence.
@@ -96,14 +104,17 @@ const minFenceMargin = time.Second
 // NewLeaseFence returns a closed fence for an elector with timing: it opens
 // on the first acquire of the Lease.
 func NewLeaseFence(timing LeaseTiming) *LeaseFence {
-	return &LeaseFence{margin: max(timing.RetryPeriod, minFenceMargin), now: time.Now}
+	return &LeaseFence{margin: fenceMargin(timing), now: time.Now}
 }
+
+// fenceMargin is a LeaseFence's margin for timing; see LeaseFence.
+func fenceMargin(timing LeaseTiming) time.Duration { return max(timing.RetryPeriod, minFenceMargin) }
 
 // Hold implements Fence. On error, the context is ctx and cancel does
 // nothing.
 func (f *LeaseFence) Hold(ctx context.Context) (context.Context, context.CancelFunc, error) {
 	f.mu.Lock()
-	start, lease, stopped := f.start, f.lease, f.stopped
+	start, lease, stopped, open := f.start, f.lease, f.stopped, f.open
 	now := f.now()
 	f.mu.Unlock()
 	switch {
@@ -117,8 +128,38 @@ func (f *LeaseFence) Hold(ctx context.Context) (context.Context, context.CancelF
 		return ctx, func() {}, fmt.Errorf("hold the lease fence: last renewal started %s ago, for a lease of %s less a margin of %s: %w",
 			now.Sub(start).Round(time.Millisecond), lease, f.margin, ErrDeposed)
 	}
-	ctx, cancel := context.WithTimeout(ctx, left)
-	return ctx, cancel, nil
+	if err := ctx.Err(); err != nil {
+		return ctx, func() {}, err
+	}
+	if d, ok := ctx.Deadline(); ok {
+		left = min(left, time.Until(d))
+	}
+	// The write's context is the fence's, so that its closing ends the
+	// write at once (a parent's cancel reaches its children before it
+	// returns); the caller's end reaches it through AfterFunc, and its
+	// values through valuesOf.
+	write, cancel := context.WithTimeout(open, left)
+	unlink := context.AfterFunc(ctx, cancel)
+	return valuesOf{Context: write, values: ctx}, func() { unlink(); cancel() }, nil
+}
+
+// valuesOf is a write's context: done as Context is, with the values of
+// the caller's.
+type valuesOf struct {
+	context.Context
+	values context.Context
+}
+
+func (c valuesOf) Value(key any) any { return c.values.Value(key) }
+
+// closeLocked closes the fence, abandoning every write it let through;
+// f.mu is held.
+func (f *LeaseFence) closeLocked() {
+	f.start = time.Time{}
+	if f.closeOpen != nil {
+		f.closeOpen()
+		f.open, f.closeOpen = nil, nil
+	}
 }
 
 // wrote is told that a write of the Lease record rec, which started at
@@ -128,11 +169,14 @@ func (f *LeaseFence) wrote(start time.Time, rec resourcelock.LeaderElectionRecor
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.stopped || rec.HolderIdentity != id {
-		f.start = time.Time{}
+		f.closeLocked()
 		return
 	}
 	if start.Before(f.start) {
 		return // never moves back
+	}
+	if f.open == nil {
+		f.open, f.closeOpen = context.WithCancel(context.Background())
 	}
 	f.start, f.lease = start, time.Duration(rec.LeaseDurationSeconds)*time.Second
 }
@@ -141,7 +185,8 @@ func (f *LeaseFence) wrote(start time.Time, rec resourcelock.LeaderElectionRecor
 func (f *LeaseFence) stop() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.stopped, f.start = true, time.Time{}
+	f.stopped = true
+	f.closeLocked()
 }
 
 // recordingLock is the elector's Lease lock, telling fence of each record

@@ -23,7 +23,11 @@ type LeaseTiming struct {
 
 // Validate refuses a timing client-go's elector would refuse, with the
 // flags' names: the lease must outlast the renew deadline, which must
-// outlast the retry period with client-go's jitter.
+// outlast the retry period with client-go's jitter. It also refuses one
+// under which a leader renewing on time could not write: the LeaseFence
+// lets writes through for the lease, in the whole seconds the Lease
+// records, less its margin, and that must outlast the retry period, the
+// time between renewals.
 func (t LeaseTiming) Validate() error {
 	switch {
 	case t.RetryPeriod <= 0:
@@ -33,8 +37,17 @@ func (t LeaseTiming) Validate() error {
 			t.RenewDeadline, leaderelection.JitterFactor, t.RetryPeriod)
 	case t.Duration <= t.RenewDeadline:
 		return fmt.Errorf("--leader-elect-lease-duration %s: want above --leader-elect-renew-deadline %s", t.Duration, t.RenewDeadline)
+	case t.fenceWindow() <= t.RetryPeriod:
+		return fmt.Errorf("--leader-elect-lease-duration %s: want its whole seconds above %s (the write fence's margin, the larger of --leader-elect-retry-period and 1 s) plus --leader-elect-retry-period %s, or a leader renewing on time could not write",
+			t.Duration, fenceMargin(t), t.RetryPeriod)
 	}
 	return nil
+}
+
+// fenceWindow is how long after a renewal starts a LeaseFence lets writes
+// through.
+func (t LeaseTiming) fenceWindow() time.Duration {
+	return t.Duration.Truncate(time.Second) - fenceMargin(t)
 }
 
 // DefaultLeaseTiming is kube-controller-manager's lease duration and renew

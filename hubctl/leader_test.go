@@ -205,6 +205,37 @@ func TestTheFenceClosesBeforeTheLeaseIsReleased(t *testing.T) {
 	}
 }
 
+// A write the fence let through before it closed is abandoned when it
+// closes, on our release and at the end of leading alike: client-go
+// releases the Lease before it cancels the leader's context, and a write
+// held earlier, waiting on the client's rate limiter, would otherwise go
+// out after another instance may have taken the Lease. Found in review.
+func TestTheFenceAbandonsTheWritesItLetThroughWhenItCloses(t *testing.T) {
+	for _, how := range []string{"release", "stop"} {
+		fence, lock, _, _ := fencedScene(t)
+		ctx := context.Background()
+		if err := lock.Update(ctx, leaseRecord("one", 6)); err != nil {
+			t.Fatal(err)
+		}
+		held, cancel, err := fence.Hold(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if held.Err() != nil {
+			t.Fatalf("%s: the held write's context ended before the fence closed: %v", how, held.Err())
+		}
+		if how == "release" {
+			_ = lock.Update(ctx, leaseRecord("", 1))
+		} else {
+			fence.stop()
+		}
+		if held.Err() == nil {
+			t.Errorf("%s: a write held before the fence closed may still be sent after it", how)
+		}
+		cancel()
+	}
+}
+
 // The end of leadership is final: a renewal that succeeds after it (one in
 // flight when the elector gave up) does not reopen the fence.
 func TestTheFenceStaysClosedOnceLeadershipEnds(t *testing.T) {

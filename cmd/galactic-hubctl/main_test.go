@@ -50,6 +50,11 @@ func TestBadFlagsAndEnvironmentAreRefused(t *testing.T) {
 		{[]string{"--leader-elect-lease-duration=2s", "--leader-elect-renew-deadline=2s", "--leader-elect-retry-period=1s"}, nil, "--leader-elect-lease-duration"},
 		{[]string{"--leader-elect-renew-deadline=1s", "--leader-elect-retry-period=1s"}, nil, "--leader-elect-renew-deadline"},
 		{nil, map[string]string{"GALACTIC_LEADER_ELECT_RETRY_PERIOD": "0s"}, "--leader-elect-retry-period"},
+		// client-go takes it, but the write fence would never open: the
+		// Lease records 1 s, less the fence's 1 s margin.
+		{[]string{"--leader-elect-lease-duration=1900ms", "--leader-elect-renew-deadline=1500ms", "--leader-elect-retry-period=500ms"}, nil, "or a leader renewing on time could not write"},
+		// Open 2 s of every 3 s between renewals.
+		{[]string{"--leader-elect-lease-duration=5s", "--leader-elect-renew-deadline=4s", "--leader-elect-retry-period=3s"}, nil, "or a leader renewing on time could not write"},
 	} {
 		args := append([]string{"--platform-namespace=p", "--kubeconfig=/nonexistent"}, tc.args...)
 		err := runEnv(context.Background(), args, env(tc.env), &bytes.Buffer{}, &bytes.Buffer{})
