@@ -271,8 +271,10 @@ func (c *Controller) Reconcile(ctx context.Context, key Key) error {
 		return err
 	}
 	c.setWaiting(key, false)
-	err := c.collect(ctx, key)
-	if err == nil {
+	result, err := c.collectCounted(ctx, key, false, nil)
+	if err == nil && result != networkLives {
+		// Gone, and collected: it holds no block any more. One found
+		// living may still hold an adopted block, and stays counted.
 		c.setUnclaimed(key, false)
 	}
 	return err
@@ -396,18 +398,16 @@ func (c *Controller) claim(ctx context.Context, key Key, name string) (string, e
 	}
 }
 
-// collect takes a network the cache reads as gone: only after a read past
-// the cache confirms it, the fabric identity, the placement and the claim
-// are given back.
-func (c *Controller) collect(ctx context.Context, key Key) error {
-	_, err := c.collectCounted(ctx, key, false, nil)
-	return err
-}
+// networkLives is collectCounted's result when the network the cache read
+// as gone lives: nothing was collected.
+const networkLives = "live"
 
-// collectCounted is collect, counting the claim's release on the sweep's
-// metric when sweep is set and on the releases metric otherwise, never on
-// both. It returns the release result: "" when nothing was released because
-// there was no claim (or the network lives).
+// collectCounted takes a network the cache reads as gone: only after a read
+// past the cache confirms it, the fabric identity, the placement and the
+// claim are given back. It counts the claim's release on the sweep's metric
+// when sweep is set and on the releases metric otherwise, never on both. It
+// returns the release result: "" when nothing was released because there
+// was no claim, networkLives when the network lives.
 //
 // listed is the claim as the sweep listed it, after the sweep's own LIST of
 // networks, made past the cache, lacked its network: the network is not
@@ -423,7 +423,7 @@ func (c *Controller) collectCounted(ctx context.Context, key Key, sweep bool, li
 			return c.failedBeforeRelease(sweep), fmt.Errorf("confirm %s is gone: %w", key, err)
 		case !gone:
 			c.log.Info("network the cache reads as gone still lives; nothing collected", "network", key.String())
-			return "", nil
+			return networkLives, nil
 		}
 	}
 	// A network the cache has seen come back since it read it as gone is
@@ -433,7 +433,7 @@ func (c *Controller) collectCounted(ctx context.Context, key Key, sweep bool, li
 	// cache, so the cache's word there is no news: it collects on its LIST.
 	if listed == nil && c.cache.Exists(key.Namespace, key.Name) {
 		c.log.Info("network came back after it was confirmed gone; nothing collected", "network", key.String())
-		return "", nil
+		return networkLives, nil
 	}
 	// An identity the cache has not seen is not deleted here: its add
 	// reaches IdentityChanged, which brings the network back to be
@@ -501,12 +501,17 @@ func (c *Controller) release(ctx context.Context, name string, listed *Claim) (s
 		return result, err
 	}
 	c.log.Info("claim changed since it was read; deciding its release again on a fresh read", "claim", name, "error", err)
+	seen := claim.UID
 	claim, err = c.api.GetClaim(ctx, c.cfg.PlatformNamespace, name)
 	switch {
 	case errors.Is(err, ErrNotFound):
 		return releaseNone, nil
 	case err != nil:
 		return ReleaseError, fmt.Errorf("read claim %s again: %w", name, err)
+	case claim.UID != seen:
+		// Deleted and made again since: whoever made it owns it, and this
+		// collect confirmed its network gone before it existed.
+		return ReleaseError, fmt.Errorf("claim %s was re-created during release (uid %s, was %s); the new one is not deleted: %w", name, claim.UID, seen, ErrPrecondition)
 	}
 	return c.releaseClaim(ctx, claim, true)
 }

@@ -319,6 +319,37 @@ func TestTheStartupSweepReleasesWhatARestartLeftBehind(t *testing.T) {
 	})
 }
 
+// Guards rule 1 in the startup sweep: when its LIST of networks fails,
+// nothing is collected (no identity deleted, no claim released) and each
+// claim's network is queued for the workers, which read it again. Found in
+// review: reading the failed LIST as "every network gone" passed every
+// other test.
+func TestAFailedListInTheSweepCollectsNothing(t *testing.T) {
+	eachMode(t, func(t *testing.T, md mode) {
+		s := newSceneIn(t, 2, md)
+		for _, n := range []string{"a", "b"} {
+			s.live("team", n)
+			mustReconcile(t, s, "team", n)
+		}
+		s.gone("team", "a") // the one the sweep would release
+		s.svc.getNetworkErr = errInjected
+		m, _ := NewMetrics(prometheus.NewPedanticRegistry())
+		restarted := New(s.svc, s.cache, nil, m, nil, s.config())
+		restarted.Sweep(context.Background())
+		for _, n := range []string{"a", "b"} {
+			if _, ok := s.svc.claims[ClaimName("team", n)]; !ok {
+				t.Errorf("the sweep released %s's claim on a failed read of the networks", n)
+			}
+			if _, ok := s.identity("team", n); !ok {
+				t.Errorf("the sweep deleted %s's identity on a failed read of the networks", n)
+			}
+		}
+		if v := testutil.ToFloat64(m.sweep.WithLabelValues(ReleaseError)); v != 2 {
+			t.Errorf("sweep error = %v, want 2: each claim the sweep could not settle", v)
+		}
+	})
+}
+
 func TestAnUnparseableBlockIsAnErrorNeverIdentityZero(t *testing.T) {
 	s := newScene(t, 1)
 	s.live("team", "a")
