@@ -45,7 +45,7 @@ import (
 // jitter), from the end of its last poll, so it takes the Lease between
 // the lease duration and that plus 4.4 retry periods after the leader's
 // last renewal, and the issue bounds the failover at the lease duration
-// plus 2 s (hubctl.DefaultLeaseTiming says why its retry period is 400 ms,
+// plus 2 s (hubctl.DefaultLeaseTiming says why its retry period is 300 ms,
 // not kube-controller-manager's 2 s). The client rate keeps the
 // batch of releases in flight for tens of seconds. The burst lets a
 // replica that has been idle, the follower taking over, start at once, as
