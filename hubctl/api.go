@@ -44,6 +44,40 @@ var (
 	// ErrRefused: the API server refused the request for a reason other
 	// than those above (403, 422).
 	ErrRefused = errors.New("refused")
+	// ErrConflict: a create answered 409 Conflict with no cause the
+	// controller can read (ipam at 012be054 and a41cd6f1 answer so for a
+	// name whose allocation is retained, or retained but unfit). What it
+	// means is decided by reading the allocation, never the message.
+	ErrConflict = errors.New("conflict")
+	// ErrExhausted: the address service has no block left to give (507
+	// InsufficientStorage, ipam's registryerrors.NewPoolExhausted).
+	ErrExhausted = errors.New("address pool exhausted")
+)
+
+// ConfigError is a refusal that no retry mends until someone changes the
+// configuration of the hub or of the address service: a class or prefix
+// the service will not give (400), a request it finds invalid (422), a
+// write it forbids (403: credentials, an unscoped write), a namespace
+// missing or terminating. Cause is a short, fixed label for metrics and
+// events.
+type ConfigError struct {
+	Cause string
+	Err   error
+}
+
+func (e *ConfigError) Error() string {
+	return "refused by configuration (" + e.Cause + "): " + e.Err.Error()
+}
+func (e *ConfigError) Unwrap() error { return e.Err }
+
+// Causes of ConfigError, the values of the cause label.
+const (
+	CauseBadRequest           = "bad_request"           // 400: no default class, prefix outside the class, scope required, unknown class
+	CauseInvalid              = "invalid"               // 422: the claim fails validation
+	CauseForbidden            = "forbidden"             // 403 other than quota: credentials, class access, an unscoped write
+	CauseNamespaceMissing     = "namespace_missing"     // the platform namespace does not exist
+	CauseNamespaceTerminating = "namespace_terminating" // the platform namespace is being deleted
+	CauseConflict             = "conflict"              // 409 with no retained allocation to adopt: a retained block that does not fit
 )
 
 // AllocationRetainedError is the address service's answer to a claim whose
@@ -93,7 +127,10 @@ type Claim struct {
 	Phase                         string // Pending, Bound, Releasing, Error
 	AllocatedCIDR                 string
 	BoundAllocation               string
-	// Deleting: the claim's delete was accepted and waits on finalizers.
+	// Deleting: the claim's delete was accepted and has not ended: it
+	// waits on finalizers (a deletionTimestamp, kube-apiserver), or its
+	// phase is Releasing (ipam publishes Releasing and never sets a
+	// deletionTimestamp: AllocatingREST.Delete).
 	Deleting bool
 }
 
@@ -125,14 +162,21 @@ type API interface {
 	CreateClaim(ctx context.Context, c Claim) (Claim, error)
 	GetClaim(ctx context.Context, namespace, name string) (Claim, error)
 	ListClaims(ctx context.Context, namespace string) ([]Claim, error)
-	// DeleteClaim deletes only the claim with uid (else ErrPrecondition)
-	// and, when resourceVersion is not empty, only at that version (else
-	// ErrChanged).
-	DeleteClaim(ctx context.Context, namespace, name string, uid types.UID, resourceVersion string) error
+	// DeleteClaim asks to delete only the claim with uid (else
+	// ErrPrecondition) and, when resourceVersion is not empty, only at that
+	// version (else ErrChanged). It returns the UID of the claim the server
+	// says it deleted, or "" when its answer names none. A server that does
+	// not check preconditions (ipam's AllocatingREST.Delete) deletes
+	// whichever claim holds the name: the UID returned is then how the
+	// caller learns it.
+	DeleteClaim(ctx context.Context, namespace, name string, uid types.UID, resourceVersion string) (types.UID, error)
 	GetAllocation(ctx context.Context, namespace, name string) (Allocation, error)
 	ListAllocations(ctx context.Context, namespace string) ([]Allocation, error)
 	// Event records an event on a network.
 	Event(ctx context.Context, n Network, warning bool, reason, message string)
+	// HubEvent records an event about the hub as a whole, on the platform
+	// namespace: what holds every release back, not one network's.
+	HubEvent(ctx context.Context, warning bool, reason, message string)
 }
 
 // The client rate a hub controller runs at by default: client-go's own 5/s,

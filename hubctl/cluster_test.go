@@ -166,12 +166,12 @@ type hub struct {
 	dyn     dynamic.Interface
 	cs      kubernetes.Interface
 	ns      string
-	// ctlDyn and ctlCS, when set, are the controllers' clients: the
-	// benchmarks give them the hub's default client rate.
-	ctlDyn dynamic.Interface
-	ctlCS  kubernetes.Interface
-	// requests counts the HTTP requests ctlDyn and ctlCS make (watches
-	// once, when they start).
+	// ctlCfg, when set, is the controllers' client configuration: the
+	// benchmarks give it the hub's default client rate, and the tests
+	// against the ipam-shaped service point it at that service.
+	ctlCfg *rest.Config
+	// requests counts the HTTP requests the controllers make through
+	// ctlCfg (watches once, when they start), when atHubRate set it.
 	requests atomic.Int64
 }
 
@@ -180,15 +180,13 @@ type hub struct {
 // their requests.
 func (h *hub) atHubRate(t testing.TB) {
 	t.Helper()
-	cfg := hubRate(h.cluster.Config)
+	base := h.cluster.Config
+	if h.ctlCfg != nil {
+		base = h.ctlCfg
+	}
+	cfg := hubRate(base)
 	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper { return countedTrips{rt, &h.requests} }
-	var err error
-	if h.ctlDyn, err = dynamic.NewForConfig(cfg); err != nil {
-		t.Fatal(err)
-	}
-	if h.ctlCS, err = kubernetes.NewForConfig(cfg); err != nil {
-		t.Fatal(err)
-	}
+	h.ctlCfg = cfg
 }
 
 // hubRate is cfg at the command's default client rate.
@@ -209,11 +207,24 @@ func (c countedTrips) RoundTrip(r *http.Request) (*http.Response, error) {
 	return c.rt.RoundTrip(r)
 }
 
-func (h *hub) clients() (dynamic.Interface, kubernetes.Interface) {
-	if h.ctlDyn != nil {
-		return h.ctlDyn, h.ctlCS
+// clients are a controller's: one REST client (its requests share one
+// rate limiter, as the command's do) and a clientset for events and the
+// Lease.
+func (h *hub) clients(t testing.TB) (rest.Interface, kubernetes.Interface) {
+	t.Helper()
+	cfg := h.cluster.Config
+	if h.ctlCfg != nil {
+		cfg = h.ctlCfg
 	}
-	return h.dyn, h.cs
+	rc, err := hubctl.NewRESTClient(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rc, cs
 }
 
 // newHub prepares a platform namespace with a quota of quota claims and the
@@ -334,6 +345,8 @@ type startOpts struct {
 	// manual: the informers run and the controller is built, but the test
 	// calls it (Sweep, Reconcile, run) itself.
 	manual bool
+	// relist is the claim and allocation informers' relist interval.
+	relist time.Duration
 }
 
 // startOpts runs a controller as the command wires it: informers over
@@ -346,17 +359,20 @@ func (h *hub) startOpts(t testing.TB, id, lease string, o startOpts) *instance {
 		t.Fatal(err)
 	}
 	in := &instance{metrics: m, done: make(chan struct{})}
-	dyn, cs := h.clients()
+	rc, cs := h.clients(t)
+	kube := hubctl.NewKube(rc, cs, h.ns, "galactic-hubctl-test")
+	t.Cleanup(kube.Shutdown)
+	dyn := kube.Dynamic()
 	if in.networks, err = hubctl.NewNetworkInformer(dyn, func(ns, name string) { in.ctl.Enqueue(ns, name) }); err != nil {
 		t.Fatal(err)
 	}
 	if in.claims, err = hubctl.NewClaimInformer(dyn, h.ns, hubctl.ClaimEvents{
 		Bound: func(ns, name string) { in.ctl.ClaimBound(ns, name) },
 		Gone:  func() { in.ctl.ClaimGone() },
-	}); err != nil {
+	}, o.relist); err != nil {
 		t.Fatal(err)
 	}
-	if in.allocations, err = hubctl.NewAllocationInformer(dyn, h.ns); err != nil {
+	if in.allocations, err = hubctl.NewAllocationInformer(dyn, h.ns, o.relist); err != nil {
 		t.Fatal(err)
 	}
 	identityChanged := func(ns, name string) { in.ctl.IdentityChanged(ns, name) }
@@ -374,8 +390,6 @@ func (h *hub) startOpts(t testing.TB, id, lease string, o startOpts) *instance {
 	if o.tune != nil {
 		o.tune(&cfg)
 	}
-	kube := hubctl.NewKube(dyn, cs, "galactic-hubctl-test")
-	t.Cleanup(kube.Shutdown)
 	var api hubctl.API = kube
 	if o.api != nil {
 		api = o.api(kube)

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/workqueue"
 )
 
@@ -38,6 +39,12 @@ type Config struct {
 	Identities  IdentityCache
 	// Fence holds every write; nil is Unfenced.
 	Fence Fence
+	// Leases reports the address service's retention lease for the
+	// claims' class and pools; nil: the service keeps retained blocks
+	// forever. Releases are held while the lease is shorter than
+	// MinRetentionLease, or cannot be read (lease.go).
+	Leases            LeaseSource
+	MinRetentionLease time.Duration
 }
 
 // DefaultWorkers reconcile in parallel by default. The collects of gone
@@ -75,7 +82,30 @@ type Controller struct {
 	// unclaimed holds the live networks holding an adopted block with no
 	// claim: the quota does not see them (issue 19, point 3).
 	unclaimed map[Key]bool
+	// refusedNets holds the live networks whose claim the address service
+	// refuses now, with the class and cause, so that each is named once
+	// per cause (event, metric, log) and not on every retry.
+	refusedNets map[Key]refusal
+	// quotaPoll paces the quick retries of a quota refusal after a unit
+	// was freed (freedUnitWindow).
+	quotaPoll workqueue.TypedRateLimiter[Key]
+	// held is why releases are held now ("" when they are not), and
+	// blind whether the claims read is proven empty by a scope; each
+	// change of either is logged and recorded once.
+	held  string
+	blind bool
 }
+
+// refusal is what refuses a network's claim: its class (Refusal*) and
+// cause (Cause*, or the class again).
+type refusal struct{ class, cause string }
+
+// Refusal classes, the values of the class label.
+const (
+	RefusalConfiguration = "configuration" // a change of configuration mends it; retried slowly
+	RefusalExhausted     = "exhausted"     // the address pool has no block left (507); retried slowly
+	RefusalQuota         = "quota"         // the platform quota on claims is full; retried when a unit frees
+)
 
 // New returns a Controller. metrics may be nil; place nil means NoPlacement.
 func New(api API, cache NetworkCache, place Placement, metrics *Metrics, log *slog.Logger, cfg Config) *Controller {
@@ -103,6 +133,8 @@ func New(api API, cache NetworkCache, place Placement, metrics *Metrics, log *sl
 			workqueue.NewTypedItemExponentialFailureRateLimiter[Key](cfg.BaseDelay, cfg.MaxDelay),
 			workqueue.TypedRateLimitingQueueConfig[Key]{Name: "networks"}),
 		refused: map[string]string{}, waiting: map[Key]bool{}, unclaimed: map[Key]bool{}, confirm: newConfirmer(),
+		refusedNets: map[Key]refusal{},
+		quotaPoll:   workqueue.NewTypedItemExponentialFailureRateLimiter[Key](freedUnitPoll, freedUnitPollMax),
 	}
 }
 
@@ -150,11 +182,17 @@ func (c *Controller) ClaimGone() {
 }
 
 // freedUnitWindow is how long after a claim is deleted a quota refusal is
-// retried every freedUnitPoll rather than with backoff: long enough for the
-// quota's usage to be recounted, short enough to bound the polling.
+// retried quickly, from freedUnitPoll doubling to freedUnitPollMax, rather
+// than with backoff. The unit does not come back with the delete:
+// kube-apiserver's ResourceQuota is recounted by its controller after the
+// delete, and Milo's quota admission gives the unit back only when its
+// garbage collector has removed the quota claim the IPClaim owned, which
+// under load takes seconds. 30 s covers both; the doubling bounds the
+// polling to about 20 creates per waiting network.
 const (
-	freedUnitWindow = 3 * time.Second
-	freedUnitPoll   = 100 * time.Millisecond
+	freedUnitWindow  = 30 * time.Second
+	freedUnitPoll    = 100 * time.Millisecond
+	freedUnitPollMax = 2 * time.Second
 )
 
 func (c *Controller) unitJustFreed() bool {
@@ -226,6 +264,7 @@ func (c *Controller) setWaiting(k Key, waiting bool) {
 // on the leader only, after the network cache has synced.
 func (c *Controller) Run(ctx context.Context) {
 	defer c.queue.ShutDown()
+	c.watchView(ctx)
 	c.Sweep(ctx)
 	var wg sync.WaitGroup
 	for range c.cfg.Workers {
@@ -250,7 +289,15 @@ func (c *Controller) processNext(ctx context.Context) bool {
 			// The quota's usage is recounted after a claim is deleted, not
 			// with it: a retry right after the delete can still be refused.
 			// Poll briefly instead of backing off for minutes.
-			c.queue.AddAfter(key, freedUnitPoll)
+			c.queue.AddAfter(key, c.quotaPoll.When(key))
+			return true
+		}
+		var config *ConfigError
+		if errors.As(err, &config) || errors.Is(err, ErrExhausted) {
+			// Named once already (refuse); a retry mends nothing until
+			// someone changes the configuration or frees blocks.
+			c.log.Debug("claim refused, retrying slowly", "network", key.String(), "error", err)
+			c.queue.AddAfter(key, c.cfg.MaxDelay)
 			return true
 		}
 		c.log.Warn("reconcile failed, retrying with backoff", "network", key.String(), "error", err,
@@ -259,6 +306,7 @@ func (c *Controller) processNext(ctx context.Context) bool {
 		return true
 	}
 	c.queue.Forget(key)
+	c.quotaPoll.Forget(key)
 	return true
 }
 
@@ -268,9 +316,13 @@ func (c *Controller) Reconcile(ctx context.Context, key Key) error {
 	if c.cache.Exists(key.Namespace, key.Name) {
 		err := c.ensure(ctx, key)
 		c.setWaiting(key, errors.Is(err, ErrQuota) || errors.Is(err, errClaimGoing))
+		if err == nil {
+			c.setRefused(key, nil)
+		}
 		return err
 	}
 	c.setWaiting(key, false)
+	c.setRefused(key, nil)
 	result, err := c.collectCounted(ctx, key, false, nil)
 	if err == nil && result != networkLives {
 		// Gone, and collected: it holds no block any more. One found
@@ -362,40 +414,127 @@ func (c *Controller) identityExists(ctx context.Context, key Key) (bool, error) 
 }
 
 // claim creates the network's claim. It returns the block when it is known
-// at once: from a retained allocation the address service points at, which
-// is adopted instead of claiming a second block.
+// at once: bound by the create (ipam binds in the create's transaction, and
+// from a41cd6f1 re-binds a retained allocation of the name), or from a
+// retained allocation the address service points at, which is adopted
+// instead of claiming a second block.
 func (c *Controller) claim(ctx context.Context, key Key, name string) (string, error) {
 	created, err := c.api.CreateClaim(ctx, Claim{
 		Namespace: c.cfg.PlatformNamespace, Name: name, NetworkNamespace: key.Namespace, NetworkName: key.Name,
 		ClassName: c.cfg.ClassName, PrefixLength: 64, ReclaimPolicy: PolicyRetain,
 	})
 	var retained *AllocationRetainedError
+	var config *ConfigError
 	switch {
 	case err == nil:
-		c.log.Info("fabric identity claimed", "network", key.String(), "claim", name)
+		// The network holds a claim again, whether the block is new or a
+		// retained one the create re-bound: the quota counts it.
+		c.setUnclaimed(key, false)
+		c.log.Info("fabric identity claimed", "network", key.String(), "claim", name, "block", created.AllocatedCIDR)
 		return created.AllocatedCIDR, nil
 	case errors.As(err, &retained):
+		// The seed's contract: 409 with cause AllocationRetained.
 		alloc, err := c.api.GetAllocation(ctx, c.cfg.PlatformNamespace, retained.Allocation)
 		if err != nil {
 			return "", fmt.Errorf("adopt retained allocation %s for %s: %w", retained.Allocation, key, err)
 		}
-		c.log.Info("retained allocation adopted, no second block claimed", "network", key.String(),
-			"allocation", alloc.Name, "block", alloc.AllocatedCIDR)
-		c.setUnclaimed(key, true)
-		return alloc.AllocatedCIDR, nil
+		return c.adopt(key, alloc), nil
+	case errors.Is(err, ErrConflict):
+		// A plain 409 (ipam at 012be054 for any retained allocation of the
+		// name; at a41cd6f1 for one that does not fit the claim): the
+		// allocation named after the claim says what it means. Retained
+		// (Retain, no claimRef): the network's own block, adopted. Anything
+		// else is a conflict no retry mends.
+		allocName := AllocationName(c.cfg.PlatformNamespace, name)
+		alloc, gerr := c.api.GetAllocation(ctx, c.cfg.PlatformNamespace, allocName)
+		switch {
+		case gerr == nil && alloc.ClaimRef == "" && alloc.ReclaimPolicy == PolicyRetain:
+			return c.adopt(key, alloc), nil
+		case gerr != nil && !errors.Is(gerr, ErrNotFound):
+			return "", fmt.Errorf("claim %s for %s: %w; reading allocation %s to decide: %w", name, key, err, allocName, gerr)
+		}
+		why := fmt.Errorf("claim %s for %s: %w, and allocation %s is not a retained block to adopt", name, key, err, allocName)
+		err = &ConfigError{Cause: CauseConflict, Err: why}
+		c.refuse(ctx, key, refusal{RefusalConfiguration, CauseConflict}, err)
+		return "", err
 	case errors.Is(err, ErrQuota):
 		if c.metrics != nil {
 			c.metrics.quotaRefusals.Inc()
 		}
+		c.setRefused(key, &refusal{RefusalQuota, RefusalQuota})
 		// The UID ties the event to this network and not to an earlier one
 		// of the same name.
-		uid, _ := c.cache.UID(key.Namespace, key.Name)
-		c.api.Event(ctx, Network{Namespace: key.Namespace, Name: key.Name, UID: uid}, true, "FabricIdentityQuotaExceeded",
-			"the platform's quota on address claims refused claim "+name+"; retrying with backoff")
+		c.api.Event(ctx, c.networkRef(key), true, "FabricIdentityQuotaExceeded",
+			"the platform's quota on address claims refused claim "+name+"; retrying when a claim is released, else with backoff")
 		return "", fmt.Errorf("claim %s for %s: %w", name, key, err)
+	case errors.As(err, &config):
+		err = fmt.Errorf("claim %s for %s: %w", name, key, err)
+		c.refuse(ctx, key, refusal{RefusalConfiguration, config.Cause}, err)
+		return "", err
+	case errors.Is(err, ErrExhausted):
+		err = fmt.Errorf("claim %s for %s: %w", name, key, err)
+		c.refuse(ctx, key, refusal{RefusalExhausted, RefusalExhausted}, err)
+		return "", err
 	default:
 		return "", fmt.Errorf("claim %s for %s: %w", name, key, err)
 	}
+}
+
+// adopt takes a retained allocation of the network's claim name as its
+// block, holding no claim: counted unclaimed.
+func (c *Controller) adopt(key Key, alloc Allocation) string {
+	c.log.Info("retained allocation adopted, no second block claimed", "network", key.String(),
+		"allocation", alloc.Name, "block", alloc.AllocatedCIDR)
+	c.setUnclaimed(key, true)
+	return alloc.AllocatedCIDR
+}
+
+// networkRef is the network for an event, with the cached UID.
+func (c *Controller) networkRef(key Key) Network {
+	uid, _ := c.cache.UID(key.Namespace, key.Name)
+	return Network{Namespace: key.Namespace, Name: key.Name, UID: uid}
+}
+
+// refuse names a refusal of key's claim once per cause: a metric, a
+// warning event on the network and a log line when the network first
+// meets it; its retries stay quiet.
+func (c *Controller) refuse(ctx context.Context, key Key, r refusal, err error) {
+	if !c.setRefused(key, &r) {
+		return
+	}
+	if c.metrics != nil {
+		c.metrics.refusals.WithLabelValues(r.class, r.cause).Inc()
+	}
+	reason := "FabricIdentityClaimMisconfigured"
+	if r.class == RefusalExhausted {
+		reason = "FabricIdentityPoolExhausted"
+	}
+	c.log.Warn("claim refused; retrying slowly", "network", key.String(), "class", r.class, "cause", r.cause, "error", err)
+	c.api.Event(ctx, c.networkRef(key), true, reason, fmt.Sprintf("%s (%s); retrying every %s: %v", r.class, r.cause, c.cfg.MaxDelay, err))
+}
+
+// setRefused records what refuses key's claim (nil: nothing) and reports
+// whether that is a change.
+func (c *Controller) setRefused(key Key, r *refusal) bool {
+	c.mu.Lock()
+	prev, had := c.refusedNets[key]
+	changed := (r == nil) == had || (r != nil && prev != *r)
+	if r == nil {
+		delete(c.refusedNets, key)
+	} else {
+		c.refusedNets[key] = *r
+	}
+	byClass := map[string]int{}
+	for _, v := range c.refusedNets {
+		byClass[v.class]++
+	}
+	c.mu.Unlock()
+	if changed && c.metrics != nil {
+		for _, class := range []string{RefusalConfiguration, RefusalExhausted, RefusalQuota} {
+			c.metrics.refusedNets.WithLabelValues(class).Set(float64(byClass[class]))
+		}
+	}
+	return changed
 }
 
 // networkLives is collectCounted's result when the network the cache read
@@ -447,7 +586,7 @@ func (c *Controller) collectCounted(ctx context.Context, key Key, sweep bool, li
 		return c.failedBeforeRelease(sweep), fmt.Errorf("unplace %s: %w", key, err)
 	}
 	name := ClaimName(key.Namespace, key.Name)
-	result, err := c.release(ctx, name, listed)
+	result, err := c.release(ctx, key, name, listed)
 	c.countRelease(name, result, sweep)
 	if err != nil {
 		return result, fmt.Errorf("release claim of %s: %w", key, err)
@@ -485,7 +624,7 @@ const releaseNone = ""
 // changed since (ErrChanged) is read again past the cache, with its
 // allocation, and released on that read once; one re-created since
 // (ErrPrecondition) is not touched.
-func (c *Controller) release(ctx context.Context, name string, listed *Claim) (string, error) {
+func (c *Controller) release(ctx context.Context, key Key, name string, listed *Claim) (string, error) {
 	if !strings.HasPrefix(name, ClaimPrefix) {
 		return ReleaseKept, fmt.Errorf("claim %s is not a fabric-identity claim: never touched", name)
 	}
@@ -496,7 +635,7 @@ func (c *Controller) release(ctx context.Context, name string, listed *Claim) (s
 	if !found {
 		return releaseNone, nil
 	}
-	result, err := c.releaseClaim(ctx, claim, false)
+	result, err := c.releaseClaim(ctx, key, claim, false)
 	if !errors.Is(err, ErrChanged) {
 		return result, err
 	}
@@ -513,7 +652,7 @@ func (c *Controller) release(ctx context.Context, name string, listed *Claim) (s
 		// collect confirmed its network gone before it existed.
 		return ReleaseError, fmt.Errorf("claim %s was re-created during release (uid %s, was %s); the new one is not deleted: %w", name, claim.UID, seen, ErrPrecondition)
 	}
-	return c.releaseClaim(ctx, claim, true)
+	return c.releaseClaim(ctx, key, claim, true)
 }
 
 // claimToRelease returns the claim named name: the listed one, the cached
@@ -538,9 +677,9 @@ func (c *Controller) claimToRelease(ctx context.Context, name string, listed *Cl
 	return claim, true, nil
 }
 
-// releaseClaim releases claim as read; fresh reads its allocation past the
-// cache.
-func (c *Controller) releaseClaim(ctx context.Context, claim Claim, fresh bool) (string, error) {
+// releaseClaim releases claim, of gone network key, as read; fresh reads
+// its allocation past the cache.
+func (c *Controller) releaseClaim(ctx context.Context, key Key, claim Claim, fresh bool) (string, error) {
 	name := claim.Name
 	if claim.Deleting {
 		// An earlier pass released it and counted it; the address
@@ -562,8 +701,13 @@ func (c *Controller) releaseClaim(ctx context.Context, claim Claim, fresh bool) 
 		return ReleaseKept, fmt.Errorf("claim %s kept: allocation %s is recorded reclaimPolicy %q, not Retain, so deleting the claim would free its block for reissue",
 			name, allocName, alloc.ReclaimPolicy)
 	}
-	err = c.api.DeleteClaim(ctx, ns, name, claim.UID, claim.ResourceVersion)
+	if err := c.releaseHold(ctx); err != nil {
+		return ReleaseKept, fmt.Errorf("claim %s kept: %w", name, err)
+	}
+	deleted, err := c.api.DeleteClaim(ctx, ns, name, claim.UID, claim.ResourceVersion)
 	switch {
+	case err == nil && deleted != claim.UID:
+		return c.checkAfterDelete(ctx, key, claim, deleted)
 	case err == nil, errors.Is(err, ErrNotFound):
 		c.log.Info("fabric-identity claim released; its block stays retained", "claim", name, "allocation", allocName, "block", alloc.AllocatedCIDR)
 		return ReleaseReleased, nil
@@ -576,6 +720,47 @@ func (c *Controller) releaseClaim(ctx context.Context, claim Claim, fresh bool) 
 	default:
 		return ReleaseError, fmt.Errorf("delete claim %s: %w", name, err)
 	}
+}
+
+// checkAfterDelete is the release's end when the server deleted a claim
+// other than the one meant, or did not say which it deleted. A server that
+// checks preconditions never does the first; ipam does not check them
+// (AllocatingREST.Delete), so a claim made under the name since it was
+// read — by a network of the name that came back — is deleted in its
+// place. The network is read past the cache: gone, the claim deleted was
+// another of its own; living, it has lost its claim, and a claim is made
+// again at once (ipam re-binds the retained block: the same fabric ID),
+// recorded by an event, a metric and a log line.
+func (c *Controller) checkAfterDelete(ctx context.Context, key Key, meant Claim, deleted types.UID) (string, error) {
+	name := meant.Name
+	gone, err := c.confirmGone(ctx, key)
+	if err != nil {
+		// The next reconcile reads the network again and, if it lives,
+		// claims for it (ensure).
+		return ReleaseError, fmt.Errorf("claim %s: the server deleted claim %q, not %s; reading whether %s lives: %w", name, deleted, meant.UID, key, err)
+	}
+	if gone {
+		c.log.Info("fabric-identity claim released; the server named another claim than the one read, and the network is gone", "claim", name,
+			"meant_uid", meant.UID, "deleted_uid", deleted)
+		return ReleaseReleased, nil
+	}
+	c.log.Warn("the address service deleted a live network's claim in place of the gone one's: claiming again", "network", key.String(),
+		"claim", name, "meant_uid", meant.UID, "deleted_uid", deleted)
+	if c.metrics != nil {
+		c.metrics.restored.Inc()
+	}
+	// Its identity may have gone with the collect: ensure writes it again
+	// from the block claimed here.
+	defer c.Enqueue(key.Namespace, key.Name)
+	block, err := c.claim(ctx, key, name)
+	if err != nil {
+		c.api.Event(ctx, c.networkRef(key), true, "FabricIdentityClaimRestored",
+			fmt.Sprintf("the address service deleted claim %s of this network (uid %s) in place of a gone network's claim (uid %s); claiming again failed, retrying: %v", name, deleted, meant.UID, err))
+		return releaseNone, fmt.Errorf("claim again for %s after its claim was deleted in place of another: %w", key, err)
+	}
+	c.api.Event(ctx, c.networkRef(key), true, "FabricIdentityClaimRestored",
+		fmt.Sprintf("the address service deleted claim %s of this network (uid %s) in place of a gone network's claim (uid %s); claimed again at once, block %s", name, deleted, meant.UID, block))
+	return releaseNone, nil
 }
 
 // allocationOf returns the allocation allocName of claim: from the cache

@@ -24,14 +24,19 @@ type scene struct {
 // mode is how a scene's controller reads: over informers' caches (as the
 // command runs) or through the API alone (direct), and past the cache with
 // one LIST (a small hub) or with GETs (big: a hub whose LIST takes more
-// pages than a collect asks about networks).
-type mode struct{ direct, big bool }
+// pages than a collect asks about networks), against the CRD model of the
+// address service or the ipam-shaped one (addressService.ipam).
+type mode struct{ direct, big, ipam bool }
 
 var modes = map[string]mode{
-	"informers/list": {},
-	"informers/gets": {big: true},
-	"direct/list":    {direct: true},
-	"direct/gets":    {direct: true, big: true},
+	"informers/list":      {},
+	"informers/gets":      {big: true},
+	"direct/list":         {direct: true},
+	"direct/gets":         {direct: true, big: true},
+	"ipam/informers/list": {ipam: true},
+	"ipam/informers/gets": {ipam: true, big: true},
+	"ipam/direct/list":    {ipam: true, direct: true},
+	"ipam/direct/gets":    {ipam: true, direct: true, big: true},
 }
 
 // eachMode runs test in every mode: the safety rules hold in all.
@@ -50,6 +55,7 @@ func newSceneIn(t *testing.T, quota int, md mode) *scene {
 		t.Fatal(err)
 	}
 	s := &scene{svc: newAddressService(quota), cache: fakeCache{}, m: m, mode: md}
+	s.svc.ipam = md.ipam
 	if md.big {
 		// Live networks the model does not hold: they only make the
 		// cache as big as a hub whose LIST is two pages.
@@ -276,7 +282,18 @@ func TestAClaimRecreatedMidReleaseIsNotDeleted(t *testing.T) {
 			svc.claims[name] = c
 			svc.mu.Unlock()
 		}
-		if err := s.reconcile(t, "team", "a"); !errors.Is(err, ErrPrecondition) {
+		err := s.reconcile(t, "team", "a")
+		if md.ipam {
+			// ipam deletes whichever claim holds the name. The release
+			// learns it from the answer, reads the network again, finds it
+			// gone, and restores nothing.
+			if _, ok := s.svc.claims[name]; err != nil || ok || testutil.ToFloat64(s.m.restored) != 0 {
+				t.Fatalf("reconcile = %v, claim left %v, restored %v: want the claim of the gone network deleted and nothing restored",
+					err, ok, testutil.ToFloat64(s.m.restored))
+			}
+			return
+		}
+		if !errors.Is(err, ErrPrecondition) {
 			t.Fatalf("reconcile = %v, want ErrPrecondition", err)
 		}
 		if c, ok := s.svc.claims[name]; !ok || c.UID != "re-created" {
@@ -364,7 +381,7 @@ func TestAnUnparseableBlockIsAnErrorNeverIdentityZero(t *testing.T) {
 
 func TestAClaimNotOursIsNeverReleased(t *testing.T) {
 	s := newScene(t, 1)
-	if result, err := s.c.release(context.Background(), "someone-else.team.a", nil); err == nil || result != ReleaseKept {
+	if result, err := s.c.release(context.Background(), Key{"team", "a"}, "someone-else.team.a", nil); err == nil || result != ReleaseKept {
 		t.Fatalf("release of a foreign claim = %s, %v", result, err)
 	}
 }
@@ -393,6 +410,14 @@ func TestTheSweepDoesNotDeleteAClaimRecreatedAfterItsListing(t *testing.T) {
 		}
 		m, _ := NewMetrics(prometheus.NewPedanticRegistry())
 		New(s.svc, s.cache, nil, m, nil, s.config()).Sweep(context.Background())
+		if md.ipam {
+			// ipam deletes it whatever the precondition; its network is
+			// read again and found gone: nothing to restore.
+			if _, ok := s.svc.claims[name]; ok || testutil.ToFloat64(m.restored) != 0 {
+				t.Fatalf("claim left %v, restored %v: want the gone network's claim deleted, nothing restored", ok, testutil.ToFloat64(m.restored))
+			}
+			return
+		}
 		if c, ok := s.svc.claims[name]; !ok || c.UID != "re-created" {
 			t.Fatal("the sweep deleted a claim re-created after its listing")
 		}

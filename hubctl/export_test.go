@@ -21,6 +21,18 @@ func (c *Controller) BreakRetainCheck() {
 
 func (c *Controller) BreakRelease() { c.api = undeletedClaims{c.api} }
 
+// BreakCheckAfterDelete makes every claim delete answer the UID it was
+// asked for, as if the server had deleted exactly that claim: the check of
+// what a server that ignores preconditions deleted never runs.
+func (c *Controller) BreakCheckAfterDelete() { c.api = meantDeleted{c.api} }
+
+type meantDeleted struct{ API }
+
+func (m meantDeleted) DeleteClaim(ctx context.Context, ns, name string, uid types.UID, rv string) (types.UID, error) {
+	_, err := m.API.DeleteClaim(ctx, ns, name, uid, rv)
+	return uid, err
+}
+
 // goneNetworks reads every network as gone: the read past the cache
 // confirms whatever the cache says.
 type goneNetworks struct{ API }
@@ -56,6 +68,6 @@ func (r retainedCache) Get(name string) (Allocation, bool) {
 // undeletedClaims accepts every claim delete and deletes nothing.
 type undeletedClaims struct{ API }
 
-func (undeletedClaims) DeleteClaim(context.Context, string, string, types.UID, string) error {
-	return nil
+func (undeletedClaims) DeleteClaim(_ context.Context, _, _ string, uid types.UID, _ string) (types.UID, error) {
+	return uid, nil
 }

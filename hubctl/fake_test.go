@@ -14,8 +14,13 @@ import (
 // service binding a claim and its allocation at once with the policy fixed
 // at bind, Retain on delete (allocation kept under the claim's name,
 // claimRef cleared), and the 409 AllocationRetained answer to a claim whose
-// name retained an allocation. The integration tests run the controller
-// against a real API server instead.
+// name retained an allocation. With ipam set it answers as milo-os/ipam's
+// code does instead (internal/registry/ipam/ipclaim/storage.go at
+// a41cd6f1): a delete ignores its preconditions and answers the claim it
+// deleted, and a create re-binds a retained allocation of its name (or,
+// with plainConflict, ipam at 012be054, answers a 409 with no cause). The
+// integration tests run the controller against a real API server instead,
+// with the CRD model and with an ipam-shaped proxy (internal/ipamtest).
 type addressService struct {
 	mu          sync.Mutex
 	quota       int
@@ -35,6 +40,9 @@ type addressService struct {
 	beforeDelete   func(s *addressService) // runs inside DeleteClaim, before the precondition check
 	policyAtBind   string                  // overrides the policy recorded on new allocations
 	deletedClaims  []string
+	// ipam: answer as ipam does (above); plainConflict: a retained
+	// allocation of the name is a 409 with no cause (012be054).
+	ipam, plainConflict bool
 }
 
 func newAddressService(quota int) *addressService {
@@ -161,8 +169,26 @@ func (s *addressService) CreateClaim(_ context.Context, c Claim) (Claim, error) 
 		return Claim{}, fmt.Errorf("exceeded quota: count/ipclaims.ipam.miloapis.com=%d: %w", s.quota, ErrQuota)
 	}
 	allocName := AllocationName(c.Namespace, c.Name)
+	if a, ok := s.allocations[allocName]; ok && a.ClaimRef != "" && (s.ipam || s.plainConflict) {
+		// ipam: "an allocation under this identity is already bound".
+		return Claim{}, fmt.Errorf("allocation %s is bound to %s: %w", allocName, a.ClaimRef, ErrConflict)
+	}
 	if a, ok := s.allocations[allocName]; ok && a.ClaimRef == "" {
-		return Claim{}, &AllocationRetainedError{Allocation: allocName}
+		switch {
+		case s.plainConflict:
+			return Claim{}, fmt.Errorf("an allocation under this identity already exists: IPAllocation %q: %w", allocName, ErrConflict)
+		case !s.ipam:
+			return Claim{}, &AllocationRetainedError{Allocation: allocName}
+		}
+		// a41cd6f1 re-binds it: the claim is bound to the same block.
+		s.uids++
+		c.UID = types.UID(fmt.Sprint(s.uids))
+		c.ResourceVersion = s.nextRV()
+		c.Phase, c.AllocatedCIDR, c.BoundAllocation = "Bound", a.AllocatedCIDR, allocName
+		s.claims[c.Name] = c
+		a.ClaimRef, a.ResourceVersion = c.Name, s.nextRV()
+		s.allocations[allocName] = a
+		return c, nil
 	}
 	s.uids++
 	policy := c.ReclaimPolicy
@@ -207,7 +233,7 @@ func (s *addressService) ListClaims(context.Context, string) ([]Claim, error) {
 	return out, nil
 }
 
-func (s *addressService) DeleteClaim(_ context.Context, _, name string, uid types.UID, resourceVersion string) error {
+func (s *addressService) DeleteClaim(_ context.Context, _, name string, uid types.UID, resourceVersion string) (types.UID, error) {
 	if s.beforeDelete != nil {
 		hook := s.beforeDelete
 		s.beforeDelete = nil
@@ -217,17 +243,19 @@ func (s *addressService) DeleteClaim(_ context.Context, _, name string, uid type
 	defer s.mu.Unlock()
 	if err := s.deleteClaimErr; err != nil {
 		s.deleteClaimErr = nil
-		return err
+		return "", err
 	}
 	c, ok := s.claims[name]
 	if !ok {
-		return ErrNotFound
+		return "", ErrNotFound
 	}
-	if uid != "" && c.UID != uid { // an empty uid is a delete without precondition
-		return fmt.Errorf("uid %s, want %s: %w", c.UID, uid, ErrPrecondition)
+	// ipam never reads a delete's preconditions: whichever claim holds
+	// the name goes.
+	if !s.ipam && uid != "" && c.UID != uid { // an empty uid is a delete without precondition
+		return "", fmt.Errorf("uid %s, want %s: %w", c.UID, uid, ErrPrecondition)
 	}
-	if resourceVersion != "" && c.ResourceVersion != resourceVersion {
-		return fmt.Errorf("resourceVersion %s, want %s: %w", c.ResourceVersion, resourceVersion, ErrChanged)
+	if !s.ipam && resourceVersion != "" && c.ResourceVersion != resourceVersion {
+		return "", fmt.Errorf("resourceVersion %s, want %s: %w", c.ResourceVersion, resourceVersion, ErrChanged)
 	}
 	delete(s.claims, name)
 	s.deletedClaims = append(s.deletedClaims, name)
@@ -240,7 +268,7 @@ func (s *addressService) DeleteClaim(_ context.Context, _, name string, uid type
 		delete(s.allocations, c.BoundAllocation) // the block is free for reissue
 		s.freeBlocks = append(s.freeBlocks, a.AllocatedCIDR)
 	}
-	return nil
+	return c.UID, nil
 }
 
 func (s *addressService) GetAllocation(_ context.Context, _, name string) (Allocation, error) {
@@ -267,6 +295,12 @@ func (s *addressService) Event(_ context.Context, n Network, _ bool, reason, msg
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.events = append(s.events, n.Namespace+"/"+n.Name+" uid="+string(n.UID)+" "+reason+": "+msg)
+}
+
+func (s *addressService) HubEvent(_ context.Context, _ bool, reason, msg string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.events = append(s.events, "hub "+reason+": "+msg)
 }
 
 var errInjected = errors.New("injected fault")
@@ -384,7 +418,7 @@ func (c *counting) ListClaims(ctx context.Context, ns string) ([]Claim, error) {
 	return c.API.ListClaims(ctx, ns)
 }
 
-func (c *counting) DeleteClaim(ctx context.Context, ns, name string, uid types.UID, rv string) error {
+func (c *counting) DeleteClaim(ctx context.Context, ns, name string, uid types.UID, rv string) (types.UID, error) {
 	c.count("DeleteClaim")
 	return c.API.DeleteClaim(ctx, ns, name, uid, rv)
 }

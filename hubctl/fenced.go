@@ -58,10 +58,10 @@ func (f fenced) CreateClaim(ctx context.Context, c Claim) (Claim, error) {
 }
 
 // DeleteClaim implements API.
-func (f fenced) DeleteClaim(ctx context.Context, namespace, name string, uid types.UID, resourceVersion string) error {
+func (f fenced) DeleteClaim(ctx context.Context, namespace, name string, uid types.UID, resourceVersion string) (types.UID, error) {
 	ctx, cancel, err := f.hold(ctx, "delete claim "+namespace+"/"+name)
 	if err != nil {
-		return err
+		return "", err
 	}
 	defer cancel()
 	return f.API.DeleteClaim(ctx, namespace, name, uid, resourceVersion)
@@ -78,4 +78,14 @@ func (f fenced) Event(ctx context.Context, n Network, warning bool, reason, mess
 	}
 	defer cancel()
 	f.API.Event(ctx, n, warning, reason, message)
+}
+
+// HubEvent implements API, held as Event is.
+func (f fenced) HubEvent(ctx context.Context, warning bool, reason, message string) {
+	ctx, cancel, err := f.fence.Hold(ctx)
+	if err != nil {
+		return
+	}
+	defer cancel()
+	f.API.HubEvent(ctx, warning, reason, message)
 }

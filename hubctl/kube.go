@@ -2,9 +2,13 @@ package hubctl
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
+	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -19,6 +23,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 )
@@ -40,42 +45,151 @@ const (
 
 // Kube is the API over a real API server.
 type Kube struct {
+	rc          rest.Interface
 	dyn         dynamic.Interface
+	platform    string
 	broadcaster record.EventBroadcaster
 	recorder    record.EventRecorder
 }
 
-// NewKube returns the API over dyn, recording events through cs as source.
-// Events go through client-go's recorder, whose correlator turns a repeated
-// event into one Event with a growing count instead of a new object each
-// time; call Shutdown to flush and stop it.
-func NewKube(dyn dynamic.Interface, cs kubernetes.Interface, source string) *Kube {
+// NewRESTClient returns the one client the controller's requests share, so
+// that they share one rate limiter: wrap it with dynamic.New for the
+// informers. It speaks JSON and decodes into unstructured objects, as the
+// dynamic client does.
+func NewRESTClient(cfg *rest.Config) (rest.Interface, error) {
+	c := dynamic.ConfigFor(cfg)
+	c.GroupVersion = nil
+	// Every request names its path in full (AbsPath), as the dynamic
+	// client's do.
+	c.APIPath = "/"
+	return rest.UnversionedRESTClientFor(c)
+}
+
+// NewKube returns the API over rc (NewRESTClient), recording events
+// through cs as source; events about the hub as a whole go on the platform
+// namespace. Events go through client-go's recorder, whose correlator
+// turns a repeated event into one Event with a growing count instead of a
+// new object each time; call Shutdown to flush and stop it.
+func NewKube(rc rest.Interface, cs kubernetes.Interface, platform, source string) *Kube {
 	b := record.NewBroadcaster()
 	b.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: cs.CoreV1().Events("")})
-	return &Kube{dyn: dyn, broadcaster: b, recorder: b.NewRecorder(scheme.Scheme, corev1.EventSource{Component: source})}
+	return &Kube{rc: rc, dyn: dynamic.New(rc), platform: platform, broadcaster: b,
+		recorder: b.NewRecorder(scheme.Scheme, corev1.EventSource{Component: source})}
 }
+
+// Dynamic is the dynamic client over the Kube's REST client: informers
+// built on it share the Kube's rate limiter.
+func (k *Kube) Dynamic() dynamic.Interface { return k.dyn }
 
 // Shutdown stops recording events.
 func (k *Kube) Shutdown() { k.broadcaster.Shutdown() }
 
 // mapErr turns API errors into this package's sentinels, keeping the
-// original for its message.
+// original for its message. Refusals are told apart by status code and
+// reason first; a message is read only where two refusals share both
+// (every quota refusal is 403 Forbidden, as is an RBAC denial).
 func mapErr(err error) error {
 	switch {
 	case err == nil:
 		return nil
 	case apierrors.IsNotFound(err):
 		return fmt.Errorf("%w: %w", ErrNotFound, err)
-	case apierrors.IsForbidden(err) && strings.Contains(err.Error(), "exceeded quota"):
+	case apierrors.IsForbidden(err) && quotaRefusal(err):
 		return fmt.Errorf("%w: %w", ErrQuota, err)
 	case apierrors.IsConflict(err) && preconditionFailed(err, "UID"):
 		return fmt.Errorf("%w: %w", ErrPrecondition, err)
 	case apierrors.IsConflict(err) && preconditionFailed(err, "ResourceVersion"):
 		return fmt.Errorf("%w: %w", ErrChanged, err)
+	case statusCode(err) == http.StatusInsufficientStorage:
+		return fmt.Errorf("%w: %w", ErrExhausted, err)
 	case apierrors.IsForbidden(err), apierrors.IsInvalid(err), apierrors.IsAlreadyExists(err), apierrors.IsMethodNotSupported(err):
 		return fmt.Errorf("%w: %w", ErrRefused, err)
 	}
 	return err
+}
+
+// statusCode is the HTTP status of an API error, 0 for another error.
+func statusCode(err error) int32 {
+	var status apierrors.APIStatus
+	if !errors.As(err, &status) {
+		return 0
+	}
+	return status.Status().Code
+}
+
+// quotaMarkers are what each quota admission says in its 403 when it
+// refuses for want of quota, and nothing else it says does:
+// kube-apiserver's ResourceQuota admission ("exceeded quota: …"), and
+// Milo's quota admission as ipam runs it (pkg/quota/admission/plugin.go,
+// userFacingClaimError: "Insufficient quota resources available…" in the
+// wording the hub was first fed, "You've reached your quota…" in the
+// newest). Milo answers every other failure 403 as well (the grant timed
+// out, a stale claim being cleaned up, its own misconfiguration): those
+// are not the quota being full, and a freed unit mends none of them.
+var quotaMarkers = []string{"exceeded quota", "Insufficient quota resources available", "You've reached your quota"}
+
+func quotaRefusal(err error) bool {
+	msg := err.Error()
+	for _, m := range quotaMarkers {
+		if strings.Contains(msg, m) {
+			return true
+		}
+	}
+	return false
+}
+
+// classifyCreate sorts a claim create's refusal: configuration (*ConfigError,
+// a retry mends nothing until someone changes it), exhaustion
+// (ErrExhausted), quota (ErrQuota), a conflict to be read (ErrConflict);
+// anything else is returned as mapErr has it, and backed off as transient.
+func classifyCreate(err error, namespace string) error {
+	mapped := mapErr(err)
+	config := func(cause string) error { return &ConfigError{Cause: cause, Err: mapped} }
+	msg := err.Error()
+	switch {
+	case errors.Is(mapped, ErrQuota), errors.Is(mapped, ErrExhausted):
+		return mapped
+	case apierrors.IsAlreadyExists(err):
+		return mapped
+	case apierrors.IsConflict(err):
+		return fmt.Errorf("%w: %w", ErrConflict, err)
+	// kube-apiserver's NamespaceLifecycle answers a create in a missing
+	// namespace 404 with the namespace's details; ipam's RefuseNamespace
+	// answers 403 "namespace … does not exist" (internal/access/namespace.go).
+	case apierrors.IsNotFound(err) && notFoundKind(err) == "namespaces",
+		apierrors.IsForbidden(err) && strings.Contains(msg, "namespace "+namespace+" does not exist"):
+		return config(CauseNamespaceMissing)
+	case apierrors.IsForbidden(err) && strings.Contains(msg, "because it is being terminated"):
+		return config(CauseNamespaceTerminating)
+	case apierrors.IsBadRequest(err):
+		return config(CauseBadRequest)
+	case apierrors.IsInvalid(err):
+		return config(CauseInvalid)
+	case apierrors.IsForbidden(err):
+		if transientQuotaFailure(msg) {
+			return mapped
+		}
+		return config(CauseForbidden)
+	}
+	return mapped
+}
+
+// notFoundKind is the kind (resource) a 404 names.
+func notFoundKind(err error) string {
+	var status apierrors.APIStatus
+	if !errors.As(err, &status) || status.Status().Details == nil {
+		return ""
+	}
+	return status.Status().Details.Kind
+}
+
+// transientQuotaFailure: Milo's quota admission answers 403 when it could
+// not decide in time or is still cleaning up an earlier attempt
+// (userFacingClaimError); a retry mends both.
+func transientQuotaFailure(msg string) bool {
+	return strings.Contains(msg, "took too long to be checked against your quota") ||
+		strings.Contains(msg, "still cleaning up from a previous attempt") ||
+		strings.Contains(msg, "went wrong while checking your quota")
 }
 
 // preconditionFailed reports whether a 409 is a delete's failed precondition
@@ -187,7 +301,7 @@ func (k *Kube) CreateClaim(ctx context.Context, c Claim) (Claim, error) {
 		if alloc, ok := allocationRetained(err, c.Namespace, c.Name); ok {
 			return Claim{}, &AllocationRetainedError{Allocation: alloc}
 		}
-		return Claim{}, mapErr(err)
+		return Claim{}, classifyCreate(err, c.Namespace)
 	}
 	return claimFrom(created), nil
 }
@@ -223,7 +337,7 @@ func claimFrom(u *unstructured.Unstructured) Claim {
 		NetworkNamespace: ann[AnnotationNetworkNamespace], NetworkName: ann[AnnotationNetworkName],
 		ClassName: str("spec", "className"), PrefixLength: int(prefix), ReclaimPolicy: str("spec", "reclaimPolicy"),
 		Phase: str("status", "phase"), AllocatedCIDR: str("status", "allocatedCIDR"), BoundAllocation: bound,
-		Deleting: u.GetDeletionTimestamp() != nil,
+		Deleting: u.GetDeletionTimestamp() != nil || str("status", "phase") == PhaseReleasing,
 	}
 }
 
@@ -249,14 +363,47 @@ func (k *Kube) ListClaims(ctx context.Context, ns string) ([]Claim, error) {
 	return out, nil
 }
 
+// PhaseReleasing is the phase ipam publishes on a claim it is deleting,
+// in place of a deletionTimestamp.
+const PhaseReleasing = "Releasing"
+
 // DeleteClaim implements API with a UID precondition, and a resourceVersion
-// one when resourceVersion is not empty.
-func (k *Kube) DeleteClaim(ctx context.Context, ns, name string, uid types.UID, resourceVersion string) error {
+// one when resourceVersion is not empty. It reads the server's answer for
+// the claim it deleted: kube-apiserver answers the deleted object (or a
+// Status, for a delete of an object already gone), ipam the claim it
+// deleted, in phase Releasing, whatever the preconditions said
+// (AllocatingREST.Delete returns `releasing, true, nil`).
+func (k *Kube) DeleteClaim(ctx context.Context, ns, name string, uid types.UID, resourceVersion string) (types.UID, error) {
 	pre := &metav1.Preconditions{UID: &uid}
 	if resourceVersion != "" {
 		pre.ResourceVersion = &resourceVersion
 	}
-	return mapErr(k.dyn.Resource(ClaimResource).Namespace(ns).Delete(ctx, name, metav1.DeleteOptions{Preconditions: pre}))
+	body, err := runtime.Encode(unstructured.UnstructuredJSONScheme, &metav1.DeleteOptions{
+		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "DeleteOptions"}, Preconditions: pre})
+	if err != nil {
+		return "", fmt.Errorf("encode delete options: %w", err)
+	}
+	raw, err := k.rc.Delete().AbsPath("/apis", ClaimResource.Group, ClaimResource.Version, "namespaces", ns, ClaimResource.Resource, name).
+		SetHeader("Content-Type", runtime.ContentTypeJSON).Body(body).Do(ctx).Raw()
+	if err != nil {
+		return "", mapErr(err)
+	}
+	return deletedUID(raw), nil
+}
+
+// deletedUID is the UID of the object a DELETE answered, "" for a Status or
+// a body that is no object.
+func deletedUID(raw []byte) types.UID {
+	var meta struct {
+		Kind     string `json:"kind"`
+		Metadata struct {
+			UID types.UID `json:"uid"`
+		} `json:"metadata"`
+	}
+	if json.Unmarshal(raw, &meta) != nil || meta.Kind == "Status" {
+		return ""
+	}
+	return meta.Metadata.UID
 }
 
 // GetAllocation implements API.
@@ -287,6 +434,15 @@ func (k *Kube) ListAllocations(ctx context.Context, ns string) ([]Allocation, er
 	return out, nil
 }
 
+// HubEvent implements API: the event goes on the platform namespace.
+func (k *Kube) HubEvent(_ context.Context, warning bool, reason, message string) {
+	typ := corev1.EventTypeNormal
+	if warning {
+		typ = corev1.EventTypeWarning
+	}
+	k.recorder.Event(&corev1.ObjectReference{APIVersion: "v1", Kind: "Namespace", Name: k.platform, Namespace: k.platform}, typ, reason, message)
+}
+
 // Event implements API. Recording is asynchronous and never fails the
 // caller: events are for people.
 func (k *Kube) Event(_ context.Context, n Network, warning bool, reason, message string) {
@@ -300,13 +456,22 @@ func (k *Kube) Event(_ context.Context, n Network, warning bool, reason, message
 
 // newInformer returns an informer over ri whose cache keeps of each object
 // only what trim returns, so that a hub with thousands of objects caches
-// little.
-func newInformer(ri dynamic.ResourceInterface, what string, trim cache.TransformFunc) (cache.SharedIndexInformer, error) {
+// little. With relist above 0 it lists ri afresh at least that often
+// (relisting).
+func newInformer(ri dynamic.ResourceInterface, what string, trim cache.TransformFunc, relist time.Duration) (cache.SharedIndexInformer, error) {
+	r := &relisting{every: relist, what: what}
 	lw := &cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			return ri.List(ctx, o)
+			list, err := ri.List(ctx, o)
+			if err == nil {
+				r.listed()
+			}
+			return list, err
 		},
 		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			if err := r.bound(&o); err != nil {
+				return nil, err
+			}
 			return ri.Watch(ctx, o)
 		},
 	}
@@ -314,7 +479,66 @@ func newInformer(ri dynamic.ResourceInterface, what string, trim cache.Transform
 	if err := inf.SetTransform(trim); err != nil {
 		return nil, fmt.Errorf("%s informer: %w", what, err)
 	}
+	if err := inf.SetWatchErrorHandlerWithContext(func(ctx context.Context, rf *cache.Reflector, err error) {
+		if errors.Is(err, errRelistDue) {
+			return // not a fault: the relist it asks for is on its way
+		}
+		cache.DefaultWatchErrorHandler(ctx, rf, err)
+	}); err != nil {
+		return nil, fmt.Errorf("%s informer: %w", what, err)
+	}
 	return inf, nil
+}
+
+// errRelistDue ends an informer's watch so that its reflector lists again.
+var errRelistDue = errors.New("relist due")
+
+// relisting makes an informer list afresh at least every so often, not
+// only when its watch is refused with 410 Expired. A server that resumes a
+// watch from a resourceVersion it no longer holds without saying so (ipam
+// before a41cd6f1: internal/watch/postgres.go, seedCursorFromRV, with a
+// changelog of 5 minutes) gives the informer no reason to relist, and an
+// event missed then (a claim's DELETED) stays missed until the process
+// restarts. A relist replaces the cache and reports what it lacked as
+// deleted, so a missed event is seen at most one interval after it happened, plus
+// one LIST. Each watch is asked to end when the next relist is due
+// (timeoutSeconds), and the watch after it is refused with errRelistDue,
+// which makes client-go's reflector list again.
+type relisting struct {
+	every time.Duration
+	what  string
+
+	mu   sync.Mutex
+	last time.Time
+}
+
+func (r *relisting) listed() {
+	r.mu.Lock()
+	r.last = time.Now()
+	r.mu.Unlock()
+}
+
+// bound shortens the watch o asks for to end when the next relist is due,
+// or refuses it when that is now. A watch that sends the initial events
+// (client-go's watch-list) is itself a list.
+func (r *relisting) bound(o *metav1.ListOptions) error {
+	if r.every <= 0 {
+		return nil
+	}
+	if o.SendInitialEvents != nil && *o.SendInitialEvents {
+		r.listed()
+	}
+	r.mu.Lock()
+	left := time.Until(r.last.Add(r.every))
+	r.mu.Unlock()
+	if left <= 0 {
+		return fmt.Errorf("%s: watch ended after %s: %w", r.what, r.every, errRelistDue)
+	}
+	secs := int64(math.Ceil(left.Seconds()))
+	if o.TimeoutSeconds == nil || *o.TimeoutSeconds > secs {
+		o.TimeoutSeconds = &secs
+	}
+	return nil
 }
 
 // trimmed is u with its identifying metadata (namespace, name, uid,
@@ -381,7 +605,7 @@ func NewNetworkInformer(dyn dynamic.Interface, enqueue func(namespace, name stri
 			return &metav1.PartialObjectMetadata{ObjectMeta: metav1.ObjectMeta{Namespace: u.GetNamespace(), Name: u.GetName(), UID: u.GetUID(), ResourceVersion: u.GetResourceVersion()}}, nil
 		}
 		return obj, nil
-	})
+	}, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -451,9 +675,12 @@ type ClaimEvents struct {
 	Gone func()
 }
 
-// NewClaimInformer returns an informer over the claims in namespace.
-func NewClaimInformer(dyn dynamic.Interface, namespace string, on ClaimEvents) (*ClaimInformer, error) {
-	inf, err := newInformer(dyn.Resource(ClaimResource).Namespace(namespace), "ipclaims", trimWith(trimClaim))
+// NewClaimInformer returns an informer over the claims in namespace that
+// lists them afresh at least every relist (0: only when its watch is
+// refused), for an address service that may resume a watch without the
+// events it missed (relisting).
+func NewClaimInformer(dyn dynamic.Interface, namespace string, on ClaimEvents, relist time.Duration) (*ClaimInformer, error) {
+	inf, err := newInformer(dyn.Resource(ClaimResource).Namespace(namespace), "ipclaims", trimWith(trimClaim), relist)
 	if err != nil {
 		return nil, err
 	}
@@ -462,8 +689,8 @@ func NewClaimInformer(dyn dynamic.Interface, namespace string, on ClaimEvents) (
 		if !ok || !strings.HasPrefix(u.GetName(), ClaimPrefix) {
 			return
 		}
-		// A claim being deleted is still Bound until its finalizer goes;
-		// it is no news to its network.
+		// A claim being deleted is still Bound until its finalizer goes
+		// (ipam shows it Releasing instead); it is no news to its network.
 		if phase, _, _ := unstructured.NestedString(u.Object, "status", "phase"); phase != "Bound" || u.GetDeletionTimestamp() != nil {
 			return
 		}
@@ -535,11 +762,12 @@ type AllocationInformer struct {
 }
 
 // NewAllocationInformer returns an informer over the allocations in
-// namespace.
-func NewAllocationInformer(dyn dynamic.Interface, namespace string) (*AllocationInformer, error) {
+// namespace that lists them afresh at least every relist (0: only when its
+// watch is refused; see relisting).
+func NewAllocationInformer(dyn dynamic.Interface, namespace string, relist time.Duration) (*AllocationInformer, error) {
 	inf, err := newInformer(dyn.Resource(AllocationResource).Namespace(namespace), "ipallocations", trimWith(func(u *unstructured.Unstructured) *unstructured.Unstructured {
 		return trimmed(u, []string{"spec", "claimRef", "name"}, []string{"spec", "reclaimPolicy"}, []string{"status", "allocatedCIDR"})
-	}))
+	}), relist)
 	if err != nil {
 		return nil, err
 	}
@@ -588,7 +816,7 @@ func NewFabricIdentityInformer(dyn dynamic.Interface, changed func(namespace, na
 	inf, err := newInformer(dyn.Resource(FabricIdentityResource).Namespace(metav1.NamespaceAll), "networkfabricidentities",
 		trimWith(func(u *unstructured.Unstructured) *unstructured.Unstructured {
 			return trimmed(u, []string{"spec", "identity"}, []string{"spec", "networkRef", "name"})
-		}))
+		}), 0)
 	if err != nil {
 		return nil, err
 	}
@@ -604,6 +832,9 @@ func (f *FabricIdentityInformer) Run(ctx context.Context) { f.informer.RunWithCo
 // HasSynced reports whether the initial list has been read.
 func (f *FabricIdentityInformer) HasSynced() bool { return f.informer.HasSynced() }
 
+// Len is how many fabric identities are cached.
+func (f *FabricIdentityInformer) Len() int { return len(f.informer.GetIndexer().ListKeys()) }
+
 // Get implements IdentityCache.
 func (f *FabricIdentityInformer) Get(namespace, name string) (FabricIdentity, bool) {
 	u, ok := cached(f.informer, namespace+"/"+name)
@@ -612,3 +843,11 @@ func (f *FabricIdentityInformer) Get(namespace, name string) (FabricIdentity, bo
 	}
 	return identityFrom(u), true
 }
+
+// DefaultRelistInterval is how often the claim and allocation informers
+// list afresh by default (relisting): ipam keeps its watch changelog 5
+// minutes, so a watch cut for longer may resume without the events in
+// between; relisting as often bounds how long a missed delete stays
+// unseen to about 5 minutes, at two LISTs of the platform namespace per
+// interval.
+const DefaultRelistInterval = 5 * time.Minute

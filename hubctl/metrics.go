@@ -1,6 +1,10 @@
 package hubctl
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
 
 // Release results, the values of the result label.
 const (
@@ -19,6 +23,14 @@ type Metrics struct {
 	identitiesMade prometheus.Counter
 	unclaimed      prometheus.Gauge
 	leader         prometheus.Gauge
+	restored       prometheus.Counter
+	refusals       *prometheus.CounterVec
+	refusedNets    *prometheus.GaugeVec
+	lease          prometheus.Gauge
+	leaseKnown     prometheus.Gauge
+	minLease       prometheus.Gauge
+	held           prometheus.Gauge
+	blind          prometheus.Gauge
 }
 
 // NewMetrics creates the metrics and registers them on reg.
@@ -52,13 +64,49 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "galactic_hub_leader",
 			Help: "1 while this instance leads (holds the leader Lease and reconciles), else 0. The max over replicas is 0 when replicas are up but none leads.",
 		}),
+		restored: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "galactic_hub_claims_restored_total",
+			Help: "Claims made again at once for a live network whose claim the address service deleted in place of a gone network's (a server that does not check a delete's preconditions).",
+		}),
+		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "galactic_hub_claim_refusals_total",
+			Help: "Networks whose claim the address service refused, counted once per network and cause, by class (configuration, exhausted) and cause.",
+		}, []string{"class", "cause"}),
+		refusedNets: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "galactic_hub_networks_refused",
+			Help: "Live networks whose claim is refused now, by class: configuration (retried slowly until someone changes it), exhausted (the pool has no block), quota.",
+		}, []string{"class"}),
+		lease: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "galactic_hub_retention_lease_seconds",
+			Help: "The address service's retention lease for the hub's claims: a released block is not reissued before this much time (plus the service's grace); 0 when there is none (never reissued).",
+		}),
+		leaseKnown: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "galactic_hub_retention_lease_known",
+			Help: "1 when the last read of the retention lease succeeded, else 0 (releases are then held).",
+		}),
+		minLease: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "galactic_hub_retention_lease_floor_seconds",
+			Help: "The shortest retention lease under which the hub releases claims (--min-retention-lease).",
+		}),
+		held: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "galactic_hub_releases_held",
+			Help: "1 while the leader releases no claim because the retention lease is shorter than the floor or cannot be read.",
+		}),
+		blind: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "galactic_hub_claims_not_visible",
+			Help: "1 while fabric identities exist but no claim or allocation is in view: the hub's credentials are likely not scoped to the platform project.",
+		}),
+	}
+	for _, class := range []string{RefusalConfiguration, RefusalExhausted, RefusalQuota} {
+		m.refusedNets.WithLabelValues(class)
 	}
 	for _, r := range []string{ReleaseReleased, ReleaseKept, ReleaseRefused, ReleaseError} {
 		m.releases.WithLabelValues(r)
 		m.sweep.WithLabelValues(r)
 	}
 	m.sweep.WithLabelValues("live")
-	for _, c := range []prometheus.Collector{m.releases, m.refused, m.sweep, m.quotaRefusals, m.identitiesMade, m.unclaimed, m.leader} {
+	for _, c := range []prometheus.Collector{m.releases, m.refused, m.sweep, m.quotaRefusals, m.identitiesMade, m.unclaimed, m.leader,
+		m.restored, m.refusals, m.refusedNets, m.lease, m.leaseKnown, m.minLease, m.held, m.blind} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -81,3 +129,28 @@ func UnclaimedBlocks(m *Metrics) prometheus.Collector { return m.unclaimed }
 
 // Leader exposes galactic_hub_leader.
 func Leader(m *Metrics) prometheus.Collector { return m.leader }
+
+// Restored exposes galactic_hub_claims_restored_total.
+func Restored(m *Metrics) prometheus.Collector { return m.restored }
+
+// Refusals exposes one class and cause of galactic_hub_claim_refusals_total.
+func Refusals(m *Metrics, class, cause string) prometheus.Collector {
+	return m.refusals.WithLabelValues(class, cause)
+}
+
+// NetworksRefused exposes one class of galactic_hub_networks_refused.
+func NetworksRefused(m *Metrics, class string) prometheus.Collector {
+	return m.refusedNets.WithLabelValues(class)
+}
+
+// ReleasesHeld exposes galactic_hub_releases_held.
+func ReleasesHeld(m *Metrics) prometheus.Collector { return m.held }
+
+// ClaimsNotVisible exposes galactic_hub_claims_not_visible.
+func ClaimsNotVisible(m *Metrics) prometheus.Collector { return m.blind }
+
+// RetentionLeaseSeconds exposes galactic_hub_retention_lease_seconds.
+func RetentionLeaseSeconds(m *Metrics) prometheus.Collector { return m.lease }
+
+// SetMinRetentionLease records the floor on its gauge.
+func (m *Metrics) SetMinRetentionLease(d time.Duration) { m.minLease.Set(d.Seconds()) }

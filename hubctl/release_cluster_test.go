@@ -40,14 +40,14 @@ type deleteCall struct {
 	err error
 }
 
-func (d *claimDeletes) DeleteClaim(ctx context.Context, ns, name string, uid types.UID, rv string) error {
+func (d *claimDeletes) DeleteClaim(ctx context.Context, ns, name string, uid types.UID, rv string) (types.UID, error) {
 	d.mu.Lock()
 	first := name == d.claim && len(d.calls) == 0
 	d.mu.Unlock()
 	if first && d.before != nil {
 		d.before(nil)
 	}
-	err := d.API.DeleteClaim(ctx, ns, name, uid, rv)
+	deleted, err := d.API.DeleteClaim(ctx, ns, name, uid, rv)
 	if name == d.claim {
 		d.mu.Lock()
 		d.calls = append(d.calls, deleteCall{uid, rv, err})
@@ -56,7 +56,7 @@ func (d *claimDeletes) DeleteClaim(ctx context.Context, ns, name string, uid typ
 	if first && d.after != nil {
 		d.after(err)
 	}
-	return err
+	return deleted, err
 }
 
 // goneClaim seeds the bound claim of a gone network, with its Retain

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -423,7 +425,7 @@ func TestAReturningNetworkWaitsForItsGoingClaim(t *testing.T) {
 	}
 	// The address service ends the delete: Retain keeps the allocation.
 	s.svc.beforeDelete = nil
-	if err := s.svc.DeleteClaim(context.Background(), platform, name, "", ""); err != nil {
+	if _, err := s.svc.DeleteClaim(context.Background(), platform, name, "", ""); err != nil {
 		t.Fatal(err)
 	}
 	s.c.ClaimGone()
@@ -521,7 +523,7 @@ func (h *heldWrites) DeleteFabricIdentity(ctx context.Context, ns, name string) 
 	return h.addressService.DeleteFabricIdentity(ctx, ns, name)
 }
 
-func (h *heldWrites) DeleteClaim(ctx context.Context, ns, name string, uid types.UID, rv string) error {
+func (h *heldWrites) DeleteClaim(ctx context.Context, ns, name string, uid types.UID, rv string) (types.UID, error) {
 	h.note(ctx)
 	return h.addressService.DeleteClaim(ctx, ns, name, uid, rv)
 }
@@ -565,8 +567,8 @@ type reCreatedAfterChanged struct {
 	done bool
 }
 
-func (r *reCreatedAfterChanged) DeleteClaim(ctx context.Context, ns, name string, uid types.UID, rv string) error {
-	err := r.API.DeleteClaim(ctx, ns, name, uid, rv)
+func (r *reCreatedAfterChanged) DeleteClaim(ctx context.Context, ns, name string, uid types.UID, rv string) (types.UID, error) {
+	deleted, err := r.API.DeleteClaim(ctx, ns, name, uid, rv)
 	if errors.Is(err, ErrChanged) && !r.done {
 		r.done = true
 		r.svc.mu.Lock()
@@ -575,7 +577,7 @@ func (r *reCreatedAfterChanged) DeleteClaim(ctx context.Context, ns, name string
 		r.svc.claims[name] = c
 		r.svc.mu.Unlock()
 	}
-	return err
+	return deleted, err
 }
 
 // Guards the UID check of the retry after ErrChanged: a claim re-created
@@ -618,5 +620,141 @@ func TestANetworkFoundLivingStaysCountedAsUnclaimed(t *testing.T) {
 	mustReconcile(t, s, "team", "a")
 	if v := testutil.ToFloat64(s.m.unclaimed); v != 1 {
 		t.Errorf("a live network holding an adopted block: unclaimed blocks %v, want 1", v)
+	}
+}
+
+// Guards the check after a delete a server does not guard: ipam deletes
+// whichever claim holds the name (AllocatingREST.Delete never reads
+// options.Preconditions). A network re-created between the controller's
+// read of its claim and its delete, with a claim made anew by another
+// writer, loses that claim to the delete; the controller learns it from
+// the UID the server answers, reads the network past the cache, and claims
+// again at once: ipam re-binds the retained block, so the network keeps
+// its fabric ID and holds a claim, recorded by an event and a metric.
+func TestALiveNetworksClaimDeletedInPlaceOfAGoneOnesIsClaimedAgain(t *testing.T) {
+	for name, md := range map[string]mode{"ipam/informers": {ipam: true}, "ipam/direct": {ipam: true, direct: true}} {
+		t.Run(name, func(t *testing.T) {
+			s := newSceneIn(t, 2, md)
+			s.live("team", "a")
+			if err := s.reconcile(t, "team", "a"); err != nil {
+				t.Fatal(err)
+			}
+			id, _ := s.identity("team", "a")
+			s.gone("team", "a")
+			claim := ClaimName("team", "a")
+			var recreated Claim
+			s.svc.beforeDelete = func(svc *addressService) {
+				// Another writer, between the read and the delete: the
+				// network back, its claim deleted and made anew.
+				svc.addNetwork("team", "a")
+				s.cache[Key{"team", "a"}] = true
+				svc.mu.Lock()
+				old := svc.claims[claim]
+				delete(svc.claims, claim)
+				a := svc.allocations[old.BoundAllocation]
+				a.ClaimRef = ""
+				svc.allocations[old.BoundAllocation] = a
+				svc.mu.Unlock()
+				var err error
+				if recreated, err = svc.CreateClaim(context.Background(), Claim{Namespace: platform, Name: claim, PrefixLength: 64, ReclaimPolicy: PolicyRetain}); err != nil {
+					t.Error(err)
+				}
+			}
+			if err := s.c.Reconcile(context.Background(), Key{"team", "a"}); err != nil {
+				t.Fatalf("reconcile: %v", err)
+			}
+			c, ok := s.svc.claims[claim]
+			if !ok || c.UID == recreated.UID || c.Phase != "Bound" {
+				t.Fatalf("the live network's claim: present %v %+v; want one made again after the delete took %s", ok, c, recreated.UID)
+			}
+			if fid, _ := FabricIDFromBlock(c.AllocatedCIDR); fid != id {
+				t.Fatalf("the claim made again holds fabric ID %d, want the network's %d", fid, id)
+			}
+			if got := testutil.ToFloat64(s.m.restored); got != 1 {
+				t.Fatalf("restored = %v, want 1", got)
+			}
+			if !slices.ContainsFunc(s.svc.events, func(e string) bool { return strings.Contains(e, "FabricIdentityClaimRestored") }) {
+				t.Fatalf("no FabricIdentityClaimRestored event: %v", s.svc.events)
+			}
+			// Its identity, deleted by the collect, comes back from the
+			// same block when the network is reconciled again.
+			if err := s.reconcile(t, "team", "a"); err != nil {
+				t.Fatal(err)
+			}
+			if got, ok := s.identity("team", "a"); !ok || got != id {
+				t.Fatalf("identity after the restore: %d %v, want %d", got, ok, id)
+			}
+		})
+	}
+}
+
+// Adopt in every form ipam answers: the seed's 409 with cause, ipam
+// 012be054's plain 409 (decided by the allocation, Retain with no
+// claimRef), and a41cd6f1's 201 that re-bound the block. Each keeps the
+// fabric ID; the unclaimed-blocks count is 1 for an adopted block and 0
+// for a re-bound one, which holds a claim.
+func TestAReturningNameKeepsItsBlockInEveryFormTheServiceAnswers(t *testing.T) {
+	for name, form := range map[string]func(*addressService){
+		"409 with cause": func(*addressService) {},
+		"plain 409":      func(s *addressService) { s.plainConflict = true },
+		"201 re-bound":   func(s *addressService) { s.ipam = true },
+	} {
+		t.Run(name, func(t *testing.T) {
+			s := newScene(t, 2)
+			form(s.svc)
+			s.live("team", "a")
+			if err := s.reconcile(t, "team", "a"); err != nil {
+				t.Fatal(err)
+			}
+			id, _ := s.identity("team", "a")
+			s.gone("team", "a")
+			if err := s.reconcile(t, "team", "a"); err != nil {
+				t.Fatal(err)
+			}
+			s.live("team", "a")
+			if err := s.reconcile(t, "team", "a"); err != nil {
+				t.Fatalf("the returning name: %v", err)
+			}
+			if got, ok := s.identity("team", "a"); !ok || got != id {
+				t.Fatalf("identity %d %v, want the block's %d", got, ok, id)
+			}
+			_, claimed := s.svc.claims[ClaimName("team", "a")]
+			want := 1.0
+			if claimed {
+				want = 0
+			}
+			if got := testutil.ToFloat64(s.m.unclaimed); got != want {
+				t.Fatalf("unclaimed = %v with a claim held %v", got, claimed)
+			}
+			if name == "201 re-bound" && !claimed {
+				t.Fatal("a re-bound block holds no claim")
+			}
+		})
+	}
+}
+
+// A plain 409 whose allocation is no retained block (bound to a claim the
+// controller did not see) is a configuration refusal, named once, and
+// never adopted.
+func TestAPlainConflictWithNoRetainedBlockIsNotAdopted(t *testing.T) {
+	s := newScene(t, 2)
+	s.live("team", "a")
+	alloc := AllocationName(platform, ClaimName("team", "a"))
+	s.svc.allocations[alloc] = Allocation{Name: alloc, ClaimRef: "someone-else", ReclaimPolicy: PolicyRetain, AllocatedCIDR: "fd00:0:0:9::/64"}
+	s.svc.plainConflict = true
+	var config *ConfigError
+	for range 3 {
+		if err := s.reconcile(t, "team", "a"); !errors.As(err, &config) || config.Cause != CauseConflict {
+			t.Fatalf("reconcile = %v, want a ConfigError of cause conflict", err)
+		}
+	}
+	if _, ok := s.identity("team", "a"); ok {
+		t.Fatal("an identity was written from a block bound to another claim")
+	}
+	if got := testutil.ToFloat64(s.m.refusals.WithLabelValues(RefusalConfiguration, CauseConflict)); got != 1 {
+		t.Fatalf("refusals = %v after three refused reconciles, want 1", got)
+	}
+	if got := testutil.ToFloat64(s.m.refusedNets.WithLabelValues(RefusalConfiguration)); got != 1 {
+		t.Fatalf("networks refused = %v, want 1", got)
 	}
 }

@@ -6,18 +6,19 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
@@ -83,6 +84,10 @@ func runEnv(ctx context.Context, args, environ []string, stdout, stderr io.Write
 		"how long the leader tries to renew before it gives up leading; shorter than the lease duration")
 	retryPeriod := fs.Duration("leader-elect-retry-period", hubctl.DefaultLeaseTiming.RetryPeriod,
 		"how often instances try to acquire or renew the Lease")
+	minLease := fs.Duration("min-retention-lease", hubctl.DefaultMinRetentionLease,
+		"release no claim while the address service's retention lease for the claims is shorter than this (docs/operations.md, \"Retention leases\")")
+	relist := fs.Duration("relist-interval", hubctl.DefaultRelistInterval,
+		"list claims and allocations afresh at least this often, for an address service that resumes a watch without the events it missed; 0 relists only on a refused watch")
 	synopsis := prog + " --platform-namespace NS [flags]\n       " + prog + " version | --version"
 	if err := cli.Parse(fs, synopsis, args, environ, envflag.Names(fs), stdout); err != nil {
 		return err
@@ -96,6 +101,9 @@ func runEnv(ctx context.Context, args, environ []string, stdout, stderr io.Write
 	}
 	if *platform == "" {
 		return cli.Misuse(prog, errors.New("--platform-namespace is required"))
+	}
+	if *minLease < 0 || *relist < 0 {
+		return cli.Misuse(prog, fmt.Errorf("--min-retention-lease %s and --relist-interval %s: want neither negative", *minLease, *relist))
 	}
 	if *leaseNS == "" {
 		*leaseNS = *platform
@@ -129,7 +137,9 @@ func runEnv(ctx context.Context, args, environ []string, stdout, stderr io.Write
 	// tells them apart in the API server's audit log.
 	cfg.UserAgent = fmt.Sprintf("%s/%s (%s)", prog, buildinfo.Version(version), *id)
 	cfg.Wrap(hubctl.FenceTransport)
-	dyn, err := dynamic.NewForConfig(cfg)
+	// One REST client for the controller's requests and its informers, so
+	// that --kube-api-qps bounds them together.
+	rc, err := hubctl.NewRESTClient(cfg)
 	if err != nil {
 		return err
 	}
@@ -148,21 +158,23 @@ func runEnv(ctx context.Context, args, environ []string, stdout, stderr io.Write
 	// The fence the leader's writes hold: none lands after its lease may
 	// have passed to another replica (a replica paused past its lease).
 	fence := hubctl.NewLeaseFence(timing)
+	metrics.SetMinRetentionLease(*minLease)
+	kube := hubctl.NewKube(rc, cs, *platform, "galactic-hubctl")
+	defer kube.Shutdown()
+	dyn := kube.Dynamic()
 	var ctl *hubctl.Controller
 	networks, err := hubctl.NewNetworkInformer(dyn, func(ns, name string) { ctl.Enqueue(ns, name) })
 	if err != nil {
 		return err
 	}
-	kube := hubctl.NewKube(dyn, cs, "galactic-hubctl")
-	defer kube.Shutdown()
 	claims, err := hubctl.NewClaimInformer(dyn, *platform, hubctl.ClaimEvents{
 		Bound: func(ns, name string) { ctl.ClaimBound(ns, name) },
 		Gone:  func() { ctl.ClaimGone() },
-	})
+	}, *relist)
 	if err != nil {
 		return err
 	}
-	allocations, err := hubctl.NewAllocationInformer(dyn, *platform)
+	allocations, err := hubctl.NewAllocationInformer(dyn, *platform, *relist)
 	if err != nil {
 		return err
 	}
@@ -170,14 +182,23 @@ func runEnv(ctx context.Context, args, environ []string, stdout, stderr io.Write
 	if err != nil {
 		return err
 	}
+	leases := hubctl.NewLeaseWatcher(dyn, *className, metrics)
 	// The informers' handlers call ctl only once they run, after this.
 	ctl = hubctl.New(kube, networks, nil, metrics, log,
 		hubctl.Config{PlatformNamespace: *platform, ClassName: *className, Workers: *workers, Fence: fence,
-			Claims: claims, Allocations: allocations, Identities: identities})
+			Claims: claims, Allocations: allocations, Identities: identities,
+			Leases: leases, MinRetentionLease: *minLease})
 	go networks.Run(ctx)
 	go claims.Run(ctx)
 	go allocations.Run(ctx)
 	go identities.Run(ctx)
+	go leases.Run(ctx, func(l hubctl.RetentionLease, err error) {
+		if err != nil {
+			log.Warn("retention lease of the claims cannot be read; releases are held", "error", err)
+			return
+		}
+		log.Info("retention lease of the claims", "lease", l.String(), "min_retention_lease", *minLease)
+	})
 
 	if *listen != "" {
 		l, err := net.Listen("tcp", *listen)
@@ -188,12 +209,22 @@ func runEnv(ctx context.Context, args, environ []string, stdout, stderr io.Write
 			if !networks.HasSynced() || !claims.HasSynced() || !allocations.HasSynced() || !identities.HasSynced() {
 				return errors.New("network, claim, allocation or fabric identity cache not synced")
 			}
+			if ctl.Blind() {
+				return fmt.Errorf("fabric identities exist but no claim or allocation is in view in namespace %s: are the credentials scoped to the platform project?", *platform)
+			}
 			return nil
 		}
-		// The node daemon's listener, bounds and probes (internal/metricsserve).
+		// The node daemon's listener, bounds and probes (internal/metricsserve),
+		// and the controller's status.
 		bounded := metricsserve.Limit(l, "metrics", log)
 		reg.MustRegister(bounded.Collectors("metrics")...)
-		srv := metricsserve.NewServer(metricsserve.Handler(reg, nil, ready), log)
+		mux := http.NewServeMux()
+		mux.Handle("/", metricsserve.Handler(reg, nil, ready))
+		mux.HandleFunc("GET /status", func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			_ = json.NewEncoder(w).Encode(ctl.Status())
+		})
+		srv := metricsserve.NewServer(mux, log)
 		go func() { _ = srv.Serve(bounded) }()
 		defer func() { _ = srv.Close() }()
 		log.Info("serving metrics and health", "address", l.Addr().String())
@@ -201,7 +232,8 @@ func runEnv(ctx context.Context, args, environ []string, stdout, stderr io.Write
 
 	log.Info("galactic-hubctl starting", "version", buildinfo.Version(version), "platform_namespace", *platform, "lease", *leaseNS+"/"+*leaseName,
 		"kube_api_qps", cfg.QPS, "kube_api_burst", cfg.Burst, "lease_duration", timing.Duration,
-		"renew_deadline", timing.RenewDeadline, "retry_period", timing.RetryPeriod)
+		"renew_deadline", timing.RenewDeadline, "retry_period", timing.RetryPeriod,
+		"min_retention_lease", *minLease, "relist_interval", *relist)
 	err = hubctl.RunAsLeader(ctx, cs, *leaseNS, *leaseName, *id, timing, func(lctx context.Context) {
 		log.Info("leading: reconciling")
 		if !cache.WaitForCacheSync(lctx.Done(), networks.HasSynced, claims.HasSynced, allocations.HasSynced, identities.HasSynced) {
