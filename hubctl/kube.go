@@ -142,7 +142,7 @@ func quotaRefusal(err error) bool {
 // a retry mends nothing until someone changes it), exhaustion
 // (ErrExhausted), quota (ErrQuota), a conflict to be read (ErrConflict);
 // anything else is returned as mapErr has it, and backed off as transient.
-func classifyCreate(err error, namespace string) error {
+func classifyCreate(err error) error {
 	mapped := mapErr(err)
 	config := func(cause string) error { return &ConfigError{Cause: cause, Err: mapped} }
 	msg := err.Error()
@@ -157,7 +157,7 @@ func classifyCreate(err error, namespace string) error {
 	// namespace 404 with the namespace's details; ipam's RefuseNamespace
 	// answers 403 "namespace … does not exist" (internal/access/namespace.go).
 	case apierrors.IsNotFound(err) && notFoundKind(err) == "namespaces",
-		apierrors.IsForbidden(err) && strings.Contains(msg, "namespace "+namespace+" does not exist"):
+		apierrors.IsForbidden(err) && strings.Contains(msg, "namespace ") && strings.Contains(msg, " does not exist"):
 		return config(CauseNamespaceMissing)
 	case apierrors.IsForbidden(err) && strings.Contains(msg, "because it is being terminated"):
 		return config(CauseNamespaceTerminating)
@@ -301,7 +301,7 @@ func (k *Kube) CreateClaim(ctx context.Context, c Claim) (Claim, error) {
 		if alloc, ok := allocationRetained(err, c.Namespace, c.Name); ok {
 			return Claim{}, &AllocationRetainedError{Allocation: alloc}
 		}
-		return Claim{}, classifyCreate(err, c.Namespace)
+		return Claim{}, classifyCreate(err)
 	}
 	return claimFrom(created), nil
 }
@@ -383,10 +383,12 @@ func (k *Kube) DeleteClaim(ctx context.Context, ns, name string, uid types.UID, 
 	if err != nil {
 		return "", fmt.Errorf("encode delete options: %w", err)
 	}
-	raw, err := k.rc.Delete().AbsPath("/apis", ClaimResource.Group, ClaimResource.Version, "namespaces", ns, ClaimResource.Resource, name).
-		SetHeader("Content-Type", runtime.ContentTypeJSON).Body(body).Do(ctx).Raw()
+	res := k.rc.Delete().AbsPath("/apis", ClaimResource.Group, ClaimResource.Version, "namespaces", ns, ClaimResource.Resource, name).
+		SetHeader("Content-Type", runtime.ContentTypeJSON).Body(body).Do(ctx)
+	raw, err := res.Raw()
 	if err != nil {
-		return "", mapErr(err)
+		// Error, not Raw's error, decodes the Status the server sent.
+		return "", mapErr(res.Error())
 	}
 	return deletedUID(raw), nil
 }

@@ -34,6 +34,12 @@ var (
 func hubctlBin(t *testing.T) string {
 	t.Helper()
 	hubctlOnce.Do(func() {
+		// GALACTICTEST_HUBCTL_BIN runs the hub tests against another build
+		// (an earlier commit's, to see a test fail there first).
+		if bin := os.Getenv("GALACTICTEST_HUBCTL_BIN"); bin != "" {
+			hubctlBinary = bin
+			return
+		}
 		hubctlBinary = filepath.Join(filepath.Dir(binary), "galactic-hubctl")
 		if out, err := goBuild("-o", hubctlBinary, "../cmd/galactic-hubctl").CombinedOutput(); err != nil {
 			hubctlErr = errors.New("build hubctl: " + err.Error() + "\n" + string(out))
