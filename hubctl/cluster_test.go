@@ -25,6 +25,7 @@ import (
 
 	"github.com/datum-cloud/galactic-node/hubctl"
 	"github.com/datum-cloud/galactic-node/internal/clustertest"
+	"github.com/datum-cloud/galactic-node/internal/ipamtest"
 )
 
 func TestMain(m *testing.M) { os.Exit(clustertest.Main(m)) }
@@ -573,14 +574,27 @@ func (h *hub) seedGoneClaims(b testing.TB, n int, round int) []string {
 // claim). The controller's informers hold the claims and allocations
 // before the clock starts, as they do on a running hub. requests/release
 // counts every HTTP request of the controller's clients in the window.
+//
+// The ipam/ variants reach the claims through the ipam-shaped service
+// (internal/ipamtest), whose deletes answer the claim deleted: the check
+// after each delete reads that answer, and the peer's bare deletes go
+// through the same service.
 func BenchmarkRelease1000ClaimsOfGoneNetworks(b *testing.B) {
-	b.Run("sweep", func(b *testing.B) { benchRelease(b, false) })
-	b.Run("workers", func(b *testing.B) { benchRelease(b, true) })
+	b.Run("sweep", func(b *testing.B) { benchRelease(b, false, false) })
+	b.Run("workers", func(b *testing.B) { benchRelease(b, true, false) })
+	b.Run("ipam/sweep", func(b *testing.B) { benchRelease(b, false, true) })
+	b.Run("ipam/workers", func(b *testing.B) { benchRelease(b, true, true) })
 }
 
-func benchRelease(b *testing.B, workers bool) {
+func benchRelease(b *testing.B, workers, ipam bool) {
 	const n = 1000
 	h := newHubWith(b, 10*n, false) // nothing to bind: claims are seeded as a bound hub holds them
+	peerCfg := h.cluster.Config
+	if ipam {
+		svc := ipamtest.Start(b, h.cluster.Config, ipamtest.Options{Project: platformProject})
+		h.ctlCfg = svc.Config(platformProject)
+		peerCfg = svc.Config(platformProject)
+	}
 	h.atHubRate(b)
 	in := h.startOpts(b, "", "", startOpts{manual: true, tune: productionBackoff})
 	if workers {
@@ -631,7 +645,7 @@ func benchRelease(b *testing.B, workers bool) {
 		}
 
 		names = h.seedGoneClaims(b, n, 2*i+1)
-		peer, err := dynamic.NewForConfig(hubRate(h.cluster.Config))
+		peer, err := dynamic.NewForConfig(hubRate(peerCfg))
 		if err != nil {
 			b.Fatal(err)
 		}

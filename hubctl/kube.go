@@ -393,19 +393,27 @@ func (k *Kube) DeleteClaim(ctx context.Context, ns, name string, uid types.UID, 
 	return deletedUID(raw), nil
 }
 
-// deletedUID is the UID of the object a DELETE answered, "" for a Status or
-// a body that is no object.
+// deletedUID is the UID of the claim a DELETE answered: the object's own
+// (ipam, and a kube-apiserver store that returns deleted objects), or the
+// Status's details (kube-apiserver's generic store, CRDs among them:
+// finalizeDelete), "" when the answer names none.
 func deletedUID(raw []byte) types.UID {
-	var meta struct {
+	var answer struct {
 		Kind     string `json:"kind"`
 		Metadata struct {
 			UID types.UID `json:"uid"`
 		} `json:"metadata"`
+		Details struct {
+			UID types.UID `json:"uid"`
+		} `json:"details"`
 	}
-	if json.Unmarshal(raw, &meta) != nil || meta.Kind == "Status" {
+	if json.Unmarshal(raw, &answer) != nil {
 		return ""
 	}
-	return meta.Metadata.UID
+	if answer.Kind == "Status" {
+		return answer.Details.UID
+	}
+	return answer.Metadata.UID
 }
 
 // GetAllocation implements API.

@@ -6,6 +6,7 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 )
 
 // kube-apiserver words a failed delete precondition two ways, by where it
@@ -31,6 +32,26 @@ func TestFailedPreconditionsMapToTheirSentinels(t *testing.T) {
 	for _, sentinel := range []error{ErrPrecondition, ErrChanged} {
 		if errors.Is(other, sentinel) {
 			t.Errorf("an update conflict mapped to %v", sentinel)
+		}
+	}
+}
+
+// The UID of the claim a DELETE answered, in each form a server sends it:
+// kube-apiserver's generic store (CRDs among them) a Status whose details
+// carry it (registry.Store.finalizeDelete), ipam the claim itself in phase
+// Releasing (AllocatingREST.Delete), and a Status naming none.
+func TestTheDeletedClaimIsReadFromEachFormOfAnswer(t *testing.T) {
+	for _, tc := range []struct {
+		what, body string
+		want       types.UID
+	}{
+		{"kube-apiserver Status", `{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Success","details":{"name":"fabric-identity.a.b","group":"ipam.miloapis.com","kind":"ipclaims","uid":"u-1"}}`, "u-1"},
+		{"ipam's claim", `{"kind":"IPClaim","apiVersion":"ipam.miloapis.com/v1alpha1","metadata":{"name":"fabric-identity.a.b","uid":"u-2"},"status":{"phase":"Releasing"}}`, "u-2"},
+		{"a Status naming none", `{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Success"}`, ""},
+		{"no JSON", `ok`, ""},
+	} {
+		if got := deletedUID([]byte(tc.body)); got != tc.want {
+			t.Errorf("%s: %q, want %q", tc.what, got, tc.want)
 		}
 	}
 }

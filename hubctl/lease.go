@@ -203,8 +203,9 @@ func EffectiveLease(classes, pools []unstructured.Unstructured, className string
 }
 
 // LeaseWatcher reads the retention lease of the hub's claims from the API
-// server at start and every Interval after (a change of class or pool is
-// seen within it), and is the controller's LeaseSource.
+// server (Refresh), then every Interval (Run: a change of class or pool is
+// seen within it), and is the controller's LeaseSource. Until the first
+// read it reports an error, which holds releases.
 type LeaseWatcher struct {
 	dyn       dynamic.Interface
 	className string
@@ -276,28 +277,35 @@ func (w *LeaseWatcher) readLease(ctx context.Context) (RetentionLease, error) {
 	return EffectiveLease(classes.Items, pools.Items, w.className)
 }
 
-// Run refreshes the lease until ctx ends, logging each change through log.
+// Run reads the lease every Interval until ctx ends, calling changed
+// with each lease (or error) that differs from the one before; call
+// Refresh once first, so that the controller starts on a lease read.
 func (w *LeaseWatcher) Run(ctx context.Context, changed func(RetentionLease, error)) {
 	interval := w.Interval
 	if interval <= 0 {
 		interval = DefaultLeaseInterval
 	}
-	var last string
+	last := w.describe()
 	for {
-		err := w.Refresh(ctx)
-		l, _ := w.RetentionLease()
-		now := l.String()
-		if err != nil {
-			now = "error: " + err.Error()
-		}
-		if now != last && changed != nil {
-			changed(l, err)
-		}
-		last = now
 		select {
 		case <-ctx.Done():
 			return
 		case <-time.After(interval):
 		}
+		err := w.Refresh(ctx)
+		if now := w.describe(); now != last && changed != nil {
+			l, _ := w.RetentionLease()
+			changed(l, err)
+			last = now
+		}
 	}
+}
+
+// describe is the last read, as a string to compare.
+func (w *LeaseWatcher) describe() string {
+	l, err := w.RetentionLease()
+	if err != nil {
+		return "error: " + err.Error()
+	}
+	return l.String()
 }

@@ -245,6 +245,11 @@ func TestEachServiceAccountHasExactlyWhatItNeeds(t *testing.T) {
 		{"galactic-hubctl", "create", "ipam.miloapis.com", "ipclaims", "platform", true},
 		{"galactic-hubctl", "list", "ipam.miloapis.com", "ipclaims", "platform", true},
 		{"galactic-hubctl", "get", "ipam.miloapis.com", "ipallocations", "platform", true},
+		// The retention lease: read, never watched or written.
+		{"galactic-hubctl", "list", "ipam.miloapis.com", "ipclasses", "", true},
+		{"galactic-hubctl", "get", "ipam.miloapis.com", "ippools", "", true},
+		{"galactic-hubctl", "watch", "ipam.miloapis.com", "ipclasses", "", false},
+		{"galactic-hubctl", "delete", "ipam.miloapis.com", "ippools", "", false},
 		{"galactic-hubctl", "delete", "ipam.miloapis.com", "ipallocations", "platform", false},
 		{"galactic-hubctl", "update", "ipam.miloapis.com", "ipallocations", "platform", false},
 		{"galactic-hubctl", "delete", "ipam.miloapis.com", "ipclaims", "tenant", false},

@@ -192,13 +192,19 @@ func runEnv(ctx context.Context, args, environ []string, stdout, stderr io.Write
 	go claims.Run(ctx)
 	go allocations.Run(ctx)
 	go identities.Run(ctx)
-	go leases.Run(ctx, func(l hubctl.RetentionLease, err error) {
+	logLease := func(l hubctl.RetentionLease, err error) {
 		if err != nil {
 			log.Warn("retention lease of the claims cannot be read; releases are held", "error", err)
 			return
 		}
 		log.Info("retention lease of the claims", "lease", l.String(), "min_retention_lease", *minLease)
-	})
+	}
+	// Read before leading, so that no release is held for want of a
+	// first read.
+	leaseErr := leases.Refresh(ctx)
+	l, _ := leases.RetentionLease()
+	logLease(l, leaseErr)
+	go leases.Run(ctx, logLease)
 
 	if *listen != "" {
 		l, err := net.Listen("tcp", *listen)
