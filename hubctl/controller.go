@@ -324,7 +324,7 @@ func (c *Controller) Reconcile(ctx context.Context, key Key) error {
 	c.setWaiting(key, false)
 	c.setRefused(key, nil)
 	result, err := c.collectCounted(ctx, key, false, nil)
-	if err == nil && result != networkLives {
+	if err == nil && result != networkLives && result != releaseRestored {
 		// Gone, and collected: it holds no block any more. One found
 		// living may still hold an adopted block, and stays counted.
 		c.setUnclaimed(key, false)
@@ -618,6 +618,12 @@ func (c *Controller) failedBeforeRelease(sweep bool) string {
 // nothing is counted.
 const releaseNone = ""
 
+// releaseRestored is release's result when the server deleted a living
+// network's claim in its place and the network was claimed for again
+// (checkAfterDelete): nothing of the gone network's was released, and the
+// network lives, holding what the new claim gave it.
+const releaseRestored = "restored"
+
 // release deletes a gone network's claim when its allocation is recorded
 // Retain, with the claim's UID and resourceVersion as preconditions. The
 // claim is the listed one, else the cached one, else read. A claim that
@@ -756,11 +762,11 @@ func (c *Controller) checkAfterDelete(ctx context.Context, key Key, meant Claim,
 	if err != nil {
 		c.api.Event(ctx, c.networkRef(key), true, "FabricIdentityClaimRestored",
 			fmt.Sprintf("the address service deleted claim %s of this network (uid %s) in place of a gone network's claim (uid %s); claiming again failed, retrying: %v", name, deleted, meant.UID, err))
-		return releaseNone, fmt.Errorf("claim again for %s after its claim was deleted in place of another: %w", key, err)
+		return releaseRestored, fmt.Errorf("claim again for %s after its claim was deleted in place of another: %w", key, err)
 	}
 	c.api.Event(ctx, c.networkRef(key), true, "FabricIdentityClaimRestored",
 		fmt.Sprintf("the address service deleted claim %s of this network (uid %s) in place of a gone network's claim (uid %s); claimed again at once, block %s", name, deleted, meant.UID, block))
-	return releaseNone, nil
+	return releaseRestored, nil
 }
 
 // allocationOf returns the allocation allocName of claim: from the cache
@@ -788,7 +794,7 @@ func (c *Controller) countRelease(claim, result string, sweep bool) {
 	case ReleaseKept, ReleaseRefused:
 		first = c.refused[claim] != result
 		c.refused[claim] = result
-	case ReleaseReleased, releaseNone:
+	case ReleaseReleased, releaseNone, releaseRestored:
 		delete(c.refused, claim)
 	}
 	n := len(c.refused)
@@ -797,8 +803,13 @@ func (c *Controller) countRelease(claim, result string, sweep bool) {
 		return
 	}
 	c.metrics.refused.Set(float64(n))
-	// The sweep looks at each claim once, so it counts whatever it met.
-	if result == releaseNone || (!first && !sweep) {
+	// The sweep looks at each claim once, so it counts whatever it met:
+	// a network claimed for again was found living.
+	if result == releaseRestored && sweep {
+		c.metrics.sweep.WithLabelValues("live").Inc()
+		return
+	}
+	if result == releaseNone || result == releaseRestored || (!first && !sweep) {
 		return
 	}
 	if sweep {

@@ -238,3 +238,41 @@ func TestAnUnscopedHubIsBlindAgainstIpam(t *testing.T) {
 		t.Fatalf("event: %q", ev[0].Message)
 	}
 }
+
+// The startup sweep against ipam: a restart while a network was gone
+// releases that network's claim (its block retained, claimRef cleared) and
+// leaves a live network's claim and identity alone.
+func TestTheSweepReleasesOnlyGoneNetworksClaimsAgainstIpam(t *testing.T) {
+	h, _ := newIpamHub(t, ipamtest.Options{})
+	first := h.start(t, "", "")
+	team := "sw-" + h.ns
+	for _, n := range []string{"live", "gone"} {
+		h.network(t, team, n)
+		waitFor(t, n+"'s identity", func() bool { _, ok := h.identity(team, n); return ok })
+	}
+	live, _ := h.identity(team, "live")
+	first.stop()
+	h.cluster.Delete(t, hubctl.NetworkResource, team, "gone")
+	second := h.start(t, "", "")
+	waitFor(t, "the gone network's claim released by the sweep", func() bool {
+		_, err := h.claimOf(team, "gone")
+		return apierrors.IsNotFound(err)
+	})
+	alloc, err := h.dyn.Resource(hubctl.AllocationResource).Namespace(h.ns).Get(context.Background(),
+		hubctl.AllocationName(h.ns, hubctl.ClaimName(team, "gone")), metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("the gone network's allocation: %v; want it retained", err)
+	}
+	if ref, _, _ := unstructured.NestedString(alloc.Object, "spec", "claimRef", "name"); ref != "" {
+		t.Fatalf("the retained allocation still names claim %q", ref)
+	}
+	if _, err := h.claimOf(team, "live"); err != nil {
+		t.Fatalf("the live network's claim: %v", err)
+	}
+	if got, ok := h.identity(team, "live"); !ok || got != live {
+		t.Fatalf("the live network's identity %d %v, want %d", got, ok, live)
+	}
+	if got := testutil.ToFloat64(hubctl.Restored(second.metrics)); got != 0 {
+		t.Fatalf("restored = %v with no race", got)
+	}
+}

@@ -743,6 +743,9 @@ func (c *ClaimInformer) Run(ctx context.Context) { c.informer.RunWithContext(ctx
 // HasSynced reports whether the initial list has been read.
 func (c *ClaimInformer) HasSynced() bool { return c.informer.HasSynced() }
 
+// Len is how many claims are cached.
+func (c *ClaimInformer) Len() int { return len(c.informer.GetIndexer().ListKeys()) }
+
 // Get implements ClaimCache.
 func (c *ClaimInformer) Get(name string) (Claim, bool) {
 	u, ok := cached(c.informer, c.namespace+"/"+name)
@@ -789,6 +792,9 @@ func (a *AllocationInformer) Run(ctx context.Context) { a.informer.RunWithContex
 
 // HasSynced reports whether the initial list has been read.
 func (a *AllocationInformer) HasSynced() bool { return a.informer.HasSynced() }
+
+// Len is how many allocations are cached.
+func (a *AllocationInformer) Len() int { return len(a.informer.GetIndexer().ListKeys()) }
 
 // Get implements AllocationCache.
 func (a *AllocationInformer) Get(name string) (Allocation, bool) {

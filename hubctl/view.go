@@ -15,11 +15,23 @@ import (
 // ready. Without caches, or with no identity yet, nothing proves it
 // either way: not blind.
 func (c *Controller) Blind() bool {
-	counted, ok := c.cfg.Identities.(interface{ Len() int })
+	identities, ok := c.cfg.Identities.(counted)
 	if !ok || c.cfg.Claims == nil || c.cfg.Allocations == nil {
 		return false
 	}
-	return counted.Len() > 0 && len(c.cfg.Claims.List()) == 0 && len(c.cfg.Allocations.List()) == 0
+	return identities.Len() > 0 && size(c.cfg.Claims, func() int { return len(c.cfg.Claims.List()) }) == 0 &&
+		size(c.cfg.Allocations, func() int { return len(c.cfg.Allocations.List()) }) == 0
+}
+
+// counted is a cache that counts what it holds without copying it.
+type counted interface{ Len() int }
+
+// size is cache's count: its own, or else what list counts.
+func size(cache any, list func() int) int {
+	if n, ok := cache.(counted); ok {
+		return n.Len()
+	}
+	return list()
 }
 
 // viewEvery is how often the leader looks at its view of claims and at

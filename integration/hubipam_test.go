@@ -147,6 +147,17 @@ func (s *ipamScene) network(ns, name string) {
 	}})
 }
 
+// liveNetwork creates network ns/name, deleted when the test ends, and
+// waits for the hub to give it its fabric identity, which it returns.
+func (s *ipamScene) liveNetwork(ns, name string) int64 {
+	s.t.Helper()
+	s.network(ns, name)
+	s.t.Cleanup(func() { s.cluster.Delete(s.t, hubctl.NetworkResource, ns, name) })
+	s.await(ns+"/"+name+"'s identity", time.Minute, func() bool { _, ok := s.identity(ns, name); return ok })
+	id, _ := s.identity(ns, name)
+	return id
+}
+
 func (s *ipamScene) identity(ns, name string) (int64, bool) {
 	u, err := s.dyn.Resource(hubctl.FabricIdentityResource).Namespace(ns).Get(context.Background(), name, metav1.GetOptions{})
 	if err != nil {
@@ -171,10 +182,7 @@ func TestANetworkRecreatedBetweenTheReadAndTheDeleteEndsWithItsClaimAgainstIpam(
 	s := newIpamScene(t, ipamtest.Options{Retained: ipamtest.RetainedRebind})
 	team := "x-" + s.platform
 	hub := s.start(ipamProject)
-	s.network(team, "net-a")
-	t.Cleanup(func() { s.cluster.Delete(t, hubctl.NetworkResource, team, "net-a") })
-	s.await("A's identity", time.Minute, func() bool { _, ok := s.identity(team, "net-a"); return ok })
-	id, _ := s.identity(team, "net-a")
+	id := s.liveNetwork(team, "net-a")
 	claimName := hubctl.ClaimName(team, "net-a")
 
 	proxied, err := dynamic.NewForConfig(s.svc.Config(ipamProject))
@@ -259,9 +267,7 @@ func TestAnUnscopedHubIsNotReadyAgainstIpam(t *testing.T) {
 	s := newIpamScene(t, ipamtest.Options{})
 	team := "u-" + s.platform
 	scoped := s.start(ipamProject)
-	s.network(team, "net-a")
-	t.Cleanup(func() { s.cluster.Delete(t, hubctl.NetworkResource, team, "net-a") })
-	s.await("A's identity", time.Minute, func() bool { _, ok := s.identity(team, "net-a"); return ok })
+	s.liveNetwork(team, "net-a")
 	s.await("the scoped hub ready", time.Minute, func() bool { code, _ := scoped.get("/readyz"); return code == http.StatusOK })
 
 	unscoped := s.start("")
@@ -273,5 +279,137 @@ func TestAnUnscopedHubIsNotReadyAgainstIpam(t *testing.T) {
 	time.Sleep(2 * time.Second)
 	if code, body := unscoped.get("/readyz"); code == http.StatusOK {
 		t.Fatalf("the unscoped hub became ready: %s", body)
+	}
+}
+
+// metric is the value of the sample named series (name and labels as
+// /metrics prints them) in a scrape, -1 when absent.
+func metric(scrape, series string) float64 {
+	for _, l := range strings.Split(scrape, "\n") {
+		if rest, ok := strings.CutPrefix(l, series+" "); ok {
+			var v float64
+			if _, err := fmt.Sscan(rest, &v); err == nil {
+				return v
+			}
+		}
+	}
+	return -1
+}
+
+func (p *hubProc) metric(series string) float64 {
+	_, body := p.get("/metrics")
+	return metric(body, series)
+}
+
+// The acceptance of issue 47, item 2, through the built binary: a network
+// name that returns keeps its block in each form the service answers: the
+// 201 that re-binds it (ipam a41cd6f1), the plain 409 (012be054), the 409
+// with cause (the seed's contract); counted unclaimed only when it holds no
+// claim.
+func TestAReturningNameKeepsItsBlockInEachFormAgainstIpam(t *testing.T) {
+	for _, tc := range []struct {
+		form      ipamtest.Retained
+		unclaimed float64
+	}{
+		{ipamtest.RetainedRebind, 0},
+		{ipamtest.RetainedPlainConflict, 1},
+		{ipamtest.RetainedCauseConflict, 1},
+	} {
+		t.Run(tc.form.String(), func(t *testing.T) {
+			s := newIpamScene(t, ipamtest.Options{Retained: tc.form})
+			team := "r-" + s.platform
+			hub := s.start(ipamProject)
+			id := s.liveNetwork(team, "net-a")
+			s.cluster.Delete(t, hubctl.NetworkResource, team, "net-a")
+			s.await("A's claim released", time.Minute, func() bool { _, err := s.claim(team, "net-a"); return err != nil })
+			s.network(team, "net-a")
+			s.await("A's identity again", time.Minute, func() bool { _, ok := s.identity(team, "net-a"); return ok })
+			if got, _ := s.identity(team, "net-a"); got != id {
+				t.Fatalf("the returning name got fabric ID %d, want its block's %d", got, id)
+			}
+			s.await("galactic_hub_unclaimed_blocks", 30*time.Second, func() bool { return hub.metric("galactic_hub_unclaimed_blocks") == tc.unclaimed })
+		})
+	}
+}
+
+// The acceptance of issue 47, item 3, through the built binary: Milo's
+// quota 403, in both its wordings, is counted as quota, and the network it
+// refused is claimed within the fast retry once the unit comes back, which
+// Milo does only after the claim is gone (here 2 s after).
+func TestMilosQuotaRefusalIsQuotaAgainstIpam(t *testing.T) {
+	for _, newest := range []bool{false, true} {
+		t.Run(fmt.Sprintf("newest wording %v", newest), func(t *testing.T) {
+			s := newIpamScene(t, ipamtest.Options{QuotaLimit: 1, QuotaReturnDelay: 2 * time.Second, NewestQuotaWording: newest})
+			team := "q-" + s.platform
+			hub := s.start(ipamProject)
+			s.liveNetwork(team, "net-a")
+			t.Cleanup(func() { s.cluster.Delete(t, hubctl.NetworkResource, team, "net-b") })
+			s.network(team, "net-b")
+			s.await("B refused as quota", time.Minute, func() bool {
+				return hub.metric("galactic_hub_claim_quota_refusals_total") >= 1 &&
+					hub.metric(`galactic_hub_networks_refused{class="quota"}`) == 1
+			})
+			// Let B's backoff grow, as it would on a hub that waited.
+			time.Sleep(5 * time.Second)
+			deleted := time.Now()
+			s.cluster.Delete(t, hubctl.NetworkResource, team, "net-a")
+			s.await("B's identity once A's unit is back", time.Minute, func() bool { _, ok := s.identity(team, "net-b"); return ok })
+			// The unit is back 2 s after A's claim is gone; the fast retry
+			// polls every 100 ms doubling to 2 s.
+			if took := time.Since(deleted); took > 12*time.Second {
+				t.Fatalf("B claimed %s after A was deleted, want within the fast retry", took)
+			}
+		})
+	}
+}
+
+// The acceptance of issue 47, item 6, through the built binary: a
+// configuration refusal and an exhausted pool are each named once, on the
+// network and the metric.
+func TestRefusalsAreNamedAgainstIpam(t *testing.T) {
+	for _, tc := range []struct {
+		what   string
+		status func(platform string) *metav1.Status
+		series string
+		reason string
+	}{
+		{"no default class", func(string) *metav1.Status { return ipamtest.NoDefaultClass("IPv6") },
+			`galactic_hub_claim_refusals_total{cause="bad_request",class="configuration"}`, "FabricIdentityClaimMisconfigured"},
+		{"namespace terminating", ipamtest.NamespaceTerminating,
+			`galactic_hub_claim_refusals_total{cause="namespace_terminating",class="configuration"}`, "FabricIdentityClaimMisconfigured"},
+		{"pool exhausted", func(string) *metav1.Status { return ipamtest.PoolExhausted("fabric", 64, 65, 100) },
+			`galactic_hub_claim_refusals_total{cause="exhausted",class="exhausted"}`, "FabricIdentityPoolExhausted"},
+	} {
+		t.Run(tc.what, func(t *testing.T) {
+			s := newIpamScene(t, ipamtest.Options{})
+			s.svc.RefuseCreates(tc.status(s.platform))
+			team := "c-" + s.platform
+			hub := s.start(ipamProject)
+			s.network(team, "net-a")
+			t.Cleanup(func() { s.cluster.Delete(t, hubctl.NetworkResource, team, "net-a") })
+			s.await("the refusal counted", time.Minute, func() bool { return hub.metric(tc.series) == 1 })
+			s.await("the event on the network", time.Minute, func() bool {
+				events, err := s.cs.CoreV1().Events(team).List(context.Background(), metav1.ListOptions{})
+				if err != nil {
+					return false
+				}
+				for _, e := range events.Items {
+					if e.Reason == tc.reason && e.InvolvedObject.Name == "net-a" {
+						return true
+					}
+				}
+				return false
+			})
+			// Retried slowly: the hub's backoff of a transient error would
+			// have tried again several times in 5 s.
+			before := s.svc.Requests()["POST ipclaims"]
+			time.Sleep(5 * time.Second)
+			if n := s.svc.Requests()["POST ipclaims"] - before; n > 0 {
+				t.Fatalf("%d creates in 5 s after a refusal that no retry mends", n)
+			}
+			if got := hub.metric(tc.series); got != 1 {
+				t.Fatalf("%s = %v after the retries, want 1", tc.series, got)
+			}
+		})
 	}
 }
