@@ -86,9 +86,14 @@ func hubChaos(seed uint64, ops int, direct, ipam bool, breakIt func(*Controller)
 	// holdsClaim: a live network with an identity holds a claim on the
 	// block its identity came from.
 	holdsClaim := func(k Key) error {
-		id, err := svc.GetFabricIdentity(ctx, k.Namespace, k.Name)
-		if !cache[k] || err != nil {
+		if !cache[k] {
 			return nil
+		}
+		id, err := svc.GetFabricIdentity(ctx, k.Namespace, k.Name)
+		if errors.Is(err, ErrNotFound) {
+			return nil // no identity: nothing made from a block yet
+		} else if err != nil {
+			return err
 		}
 		svc.mu.Lock()
 		c, claimed := svc.claims[ClaimName(k.Namespace, k.Name)]
@@ -245,7 +250,8 @@ func hubChaos(seed uint64, ops int, direct, ipam bool, breakIt func(*Controller)
 		// ipam re-binds a retained block on create: no live network has
 		// to do without a claim, and one that does is a block a retention
 		// lease would free while the network uses it.
-		if !(claimed && fid == id.FabricID) && (ipam || !counted) {
+		holds := claimed && fid == id.FabricID
+		if !holds && (ipam || !counted) {
 			return fmt.Errorf("settled: live network %s holds identity %d with no claim on its block, and is not counted unclaimed", k, id.FabricID)
 		}
 	}
