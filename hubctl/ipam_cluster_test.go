@@ -12,6 +12,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 
 	"github.com/datum-cloud/galactic-node/hubctl"
@@ -274,5 +275,76 @@ func TestTheSweepReleasesOnlyGoneNetworksClaimsAgainstIpam(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(hubctl.Restored(second.metrics)); got != 0 {
 		t.Fatalf("restored = %v with no race", got)
+	}
+}
+
+// The retention lease read from IPClass and IPPool objects on a real API
+// server (ipam's types: cluster-scoped, metav1.Duration strings): under
+// the floor, a gone network's claim is kept and the hub says why (metric,
+// event on the platform namespace, status); raised to the floor or above,
+// the claim is released and the promise names the lease.
+func TestALeaseUnderTheFloorHoldsReleasesOnARealAPIServer(t *testing.T) {
+	h := newHub(t, 10)
+	ctx := context.Background()
+	class := "fabric-" + h.ns
+	classes := h.dyn.Resource(hubctl.ClassResource)
+	if _, err := classes.Create(ctx, &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "ipam.miloapis.com/v1alpha1", "kind": "IPClass",
+		"metadata": map[string]any{"name": class},
+		"spec":     map[string]any{"ipFamily": "IPv6", "retentionLease": "1h"},
+	}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = classes.Delete(context.Background(), class, metav1.DeleteOptions{}) })
+	pools := h.dyn.Resource(hubctl.PoolResource)
+	if _, err := pools.Create(ctx, &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "ipam.miloapis.com/v1alpha1", "kind": "IPPool",
+		"metadata": map[string]any{"name": class},
+		"spec":     map[string]any{"classNames": []any{class}, "maxRetentionLease": "2000h"},
+	}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pools.Delete(context.Background(), class, metav1.DeleteOptions{}) })
+
+	leases := hubctl.NewLeaseWatcher(h.dyn, class, nil)
+	leases.Interval = 200 * time.Millisecond
+	if err := leases.Refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	t.Cleanup(cancel)
+	go leases.Run(wctx, nil)
+	in := h.startWith(t, "", "", func(c *hubctl.Config) {
+		c.ClassName, c.Leases, c.MinRetentionLease = class, leases, hubctl.DefaultMinRetentionLease
+	})
+	team := "l-" + h.ns
+	h.network(t, team, "net-a")
+	waitFor(t, "A's identity", func() bool { _, ok := h.identity(team, "net-a"); return ok })
+	h.cluster.Delete(t, hubctl.NetworkResource, team, "net-a")
+	waitFor(t, "releases held", func() bool { return testutil.ToFloat64(hubctl.ReleasesHeld(in.metrics)) == 1 })
+	waitFor(t, "the event on the platform namespace", func() bool {
+		return len(eventsFor(t, h, h.ns, h.ns, "FabricIdentityReleasesHeld")) > 0
+	})
+	time.Sleep(time.Second) // retries under the hold release nothing either
+	if _, err := h.claimOf(team, "net-a"); err != nil {
+		t.Fatalf("the claim under a 1h lease: %v, want it kept", err)
+	}
+	if st := in.ctl.Status(); !strings.Contains(st.ReleasesHeld, "1h0m0s") {
+		t.Fatalf("status says %+v, want the hold and the lease", st)
+	}
+
+	patch := []byte(`{"spec":{"retentionLease":"200h"}}`)
+	if _, err := classes.Patch(ctx, class, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the claim released once the lease is long enough", func() bool {
+		_, err := h.claimOf(team, "net-a")
+		return apierrors.IsNotFound(err)
+	})
+	if got := testutil.ToFloat64(hubctl.ReleasesHeld(in.metrics)); got != 0 {
+		t.Fatalf("releases_held = %v after the release", got)
+	}
+	if st := in.ctl.Status(); st.ReleasesHeld != "" || !strings.Contains(st.Promise, "200h0m0s (class "+class+")") {
+		t.Fatalf("status %+v, want no hold and the 200h promise", st)
 	}
 }
