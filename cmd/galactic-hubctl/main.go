@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -38,6 +39,9 @@ import (
 var version = "dev"
 
 const prog = "galactic-hubctl"
+
+// leaseFirstReadTimeout bounds the read of the retention lease at start.
+const leaseFirstReadTimeout = 10 * time.Second
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
@@ -200,10 +204,14 @@ func runEnv(ctx context.Context, args, environ []string, stdout, stderr io.Write
 		log.Info("retention lease of the claims", "lease", l.String(), "min_retention_lease", *minLease)
 	}
 	// Read before leading, so that no release is held for want of a
-	// first read.
-	leaseErr := leases.Refresh(ctx)
-	l, _ := leases.RetentionLease()
-	logLease(l, leaseErr)
+	// first read; bounded, so that an API server that does not answer
+	// delays the probes by no more than that (releases stay held until a
+	// read succeeds).
+	rctx, cancel := context.WithTimeout(ctx, leaseFirstReadTimeout)
+	leaseErr := leases.Refresh(rctx)
+	cancel()
+	first, _ := leases.RetentionLease()
+	logLease(first, leaseErr)
 	go leases.Run(ctx, logLease)
 
 	if *listen != "" {
