@@ -94,6 +94,11 @@ type Controller struct {
 	// change of either is logged and recorded once.
 	held  string
 	blind bool
+	// claimLost holds the live networks whose claim the address service
+	// deleted in place of a gone one's and that have not been claimed for
+	// again yet: ensure claims for them even while their identity exists,
+	// which another writer may have written from the lost claim.
+	claimLost map[Key]bool
 }
 
 // refusal is what refuses a network's claim: its class (Refusal*) and
@@ -133,7 +138,7 @@ func New(api API, cache NetworkCache, place Placement, metrics *Metrics, log *sl
 			workqueue.NewTypedItemExponentialFailureRateLimiter[Key](cfg.BaseDelay, cfg.MaxDelay),
 			workqueue.TypedRateLimitingQueueConfig[Key]{Name: "networks"}),
 		refused: map[string]string{}, waiting: map[Key]bool{}, unclaimed: map[Key]bool{}, confirm: newConfirmer(),
-		refusedNets: map[Key]refusal{},
+		refusedNets: map[Key]refusal{}, claimLost: map[Key]bool{},
 		quotaPoll:   workqueue.NewTypedItemExponentialFailureRateLimiter[Key](freedUnitPoll, freedUnitPollMax),
 	}
 }
@@ -193,6 +198,12 @@ const (
 	freedUnitWindow  = 30 * time.Second
 	freedUnitPoll    = 100 * time.Millisecond
 	freedUnitPollMax = 2 * time.Second
+	// freedUnitPolls bounds the quick retries of one network until it is
+	// claimed: under steady churn each delete opens the window again, and
+	// without a bound every refused network would poll every 2 s for
+	// ever, taking the client's rate from the releases that free units.
+	// 20 polls cover one window.
+	freedUnitPolls = 20
 )
 
 func (c *Controller) unitJustFreed() bool {
@@ -208,11 +219,10 @@ func (c *Controller) setUnclaimed(k Key, held bool) {
 	} else {
 		delete(c.unclaimed, k)
 	}
-	n := len(c.unclaimed)
-	c.mu.Unlock()
 	if c.metrics != nil {
-		c.metrics.unclaimed.Set(float64(n))
+		c.metrics.unclaimed.Set(float64(len(c.unclaimed)))
 	}
+	c.mu.Unlock()
 }
 
 // countUnclaimed rebuilds, on taking leadership, the set of live networks
@@ -285,7 +295,7 @@ func (c *Controller) processNext(ctx context.Context) bool {
 	}
 	defer c.queue.Done(key)
 	if err := c.Reconcile(ctx, key); err != nil {
-		if errors.Is(err, ErrQuota) && c.unitJustFreed() {
+		if errors.Is(err, ErrQuota) && c.unitJustFreed() && c.quotaPoll.NumRequeues(key) < freedUnitPolls {
 			// The quota's usage is recounted after a claim is deleted, not
 			// with it: a retry right after the delete can still be refused.
 			// Poll briefly instead of backing off for minutes.
@@ -342,9 +352,10 @@ var errNotBound = errors.New("claim not bound yet")
 var errClaimGoing = errors.New("claim is being deleted")
 
 func (c *Controller) ensure(ctx context.Context, key Key) error {
+	lost := c.isClaimLost(key)
 	if exists, err := c.identityExists(ctx, key); err != nil {
 		return err
-	} else if exists {
+	} else if exists && !lost {
 		return nil // fabric identities are immutable: nothing to do
 	}
 	name := ClaimName(key.Namespace, key.Name)
@@ -355,6 +366,7 @@ func (c *Controller) ensure(ctx context.Context, key Key) error {
 	switch {
 	case err == nil:
 		if claim.Deleting {
+			c.finishReleasing(ctx, claim)
 			return fmt.Errorf("claim %s of %s: %w; its block is adopted once it is gone", name, key, errClaimGoing)
 		}
 		if claim.Phase != "Bound" || claim.AllocatedCIDR == "" {
@@ -379,6 +391,7 @@ func (c *Controller) ensure(ctx context.Context, key Key) error {
 	// A network that came back under its name holds its claim again: the
 	// claim is no longer one of a gone network whose release is held up.
 	c.forgetRelease(name)
+	c.setClaimLost(key, false)
 	err = c.api.CreateFabricIdentity(ctx, FabricIdentity{Namespace: key.Namespace, Name: key.Name, FabricID: fabricID, NetworkRef: key.Name})
 	if errors.Is(err, ErrExists) {
 		return nil // another writer was first; this one wrote nothing
@@ -391,6 +404,37 @@ func (c *Controller) ensure(ctx context.Context, key Key) error {
 	}
 	c.log.Info("fabric identity written", "network", key.String(), "identity", fabricID, "block", block, "claim", name)
 	return nil
+}
+
+// finishReleasing deletes again a claim ipam shows Releasing: its delete
+// was asked for and published (TX1) but may not have ended, and ipam
+// finishes it only when asked again (AllocatingREST.Delete retries its
+// second transaction three times, then answers 500 and leaves the claim
+// Releasing). A claim with a deletionTimestamp waits on finalizers that
+// kube-apiserver itself ends: nothing to do.
+func (c *Controller) finishReleasing(ctx context.Context, claim Claim) {
+	if claim.Phase != PhaseReleasing {
+		return
+	}
+	if _, err := c.api.DeleteClaim(ctx, c.cfg.PlatformNamespace, claim.Name, claim.UID, ""); err != nil && !errors.Is(err, ErrNotFound) {
+		c.log.Warn("claim left Releasing; its delete failed again", "claim", claim.Name, "error", err)
+	}
+}
+
+func (c *Controller) isClaimLost(key Key) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.claimLost[key]
+}
+
+func (c *Controller) setClaimLost(key Key, lost bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if lost {
+		c.claimLost[key] = true
+	} else {
+		delete(c.claimLost, key)
+	}
 }
 
 // identityExists reads whether the network has its fabric identity: from
@@ -430,6 +474,7 @@ func (c *Controller) claim(ctx context.Context, key Key, name string) (string, e
 		// The network holds a claim again, whether the block is new or a
 		// retained one the create re-bound: the quota counts it.
 		c.setUnclaimed(key, false)
+		c.setClaimLost(key, false)
 		c.log.Info("fabric identity claimed", "network", key.String(), "claim", name, "block", created.AllocatedCIDR)
 		return created.AllocatedCIDR, nil
 	case errors.As(err, &retained):
@@ -486,6 +531,7 @@ func (c *Controller) adopt(key Key, alloc Allocation) string {
 	c.log.Info("retained allocation adopted, no second block claimed", "network", key.String(),
 		"allocation", alloc.Name, "block", alloc.AllocatedCIDR)
 	c.setUnclaimed(key, true)
+	c.setClaimLost(key, false)
 	return alloc.AllocatedCIDR
 }
 
@@ -524,16 +570,17 @@ func (c *Controller) setRefused(key Key, r *refusal) bool {
 	} else {
 		c.refusedNets[key] = *r
 	}
-	byClass := map[string]int{}
-	for _, v := range c.refusedNets {
-		byClass[v.class]++
-	}
-	c.mu.Unlock()
 	if changed && c.metrics != nil {
+		// Under the lock, so that the last count written is the last made.
+		byClass := map[string]int{}
+		for _, v := range c.refusedNets {
+			byClass[v.class]++
+		}
 		for _, class := range []string{RefusalConfiguration, RefusalExhausted, RefusalQuota} {
 			c.metrics.refusedNets.WithLabelValues(class).Set(float64(byClass[class]))
 		}
 	}
+	c.mu.Unlock()
 	return changed
 }
 
@@ -687,11 +734,15 @@ func (c *Controller) claimToRelease(ctx context.Context, name string, listed *Cl
 // its allocation past the cache.
 func (c *Controller) releaseClaim(ctx context.Context, key Key, claim Claim, fresh bool) (string, error) {
 	name := claim.Name
-	if claim.Deleting {
+	if claim.Deleting && claim.Phase != PhaseReleasing {
 		// An earlier pass released it and counted it; the address
 		// service's finalizer is still settling the allocation.
 		return releaseNone, nil
 	}
+	// A claim ipam shows Releasing is deleted again: its delete may have
+	// stopped after publishing the phase (finishReleasing), and a repeated
+	// delete is what ends it. One already gone is not counted again.
+	releasing := claim.Phase == PhaseReleasing
 	ns := c.cfg.PlatformNamespace
 	allocName := claim.BoundAllocation
 	if allocName == "" {
@@ -714,6 +765,8 @@ func (c *Controller) releaseClaim(ctx context.Context, key Key, claim Claim, fre
 	switch {
 	case err == nil && deleted != claim.UID:
 		return c.checkAfterDelete(ctx, key, claim, deleted)
+	case errors.Is(err, ErrNotFound) && releasing:
+		return releaseNone, nil
 	case err == nil, errors.Is(err, ErrNotFound):
 		c.log.Info("fabric-identity claim released; its block stays retained", "claim", name, "allocation", allocName, "block", alloc.AllocatedCIDR)
 		return ReleaseReleased, nil
@@ -739,33 +792,40 @@ func (c *Controller) releaseClaim(ctx context.Context, key Key, claim Claim, fre
 // recorded by an event, a metric and a log line.
 func (c *Controller) checkAfterDelete(ctx context.Context, key Key, meant Claim, deleted types.UID) (string, error) {
 	name := meant.Name
+	which := "a claim it did not name"
+	if deleted != "" {
+		which = "claim " + string(deleted)
+	}
 	gone, err := c.confirmGone(ctx, key)
 	if err != nil {
-		// The next reconcile reads the network again and, if it lives,
-		// claims for it (ensure).
-		return ReleaseError, fmt.Errorf("claim %s: the server deleted claim %q, not %s; reading whether %s lives: %w", name, deleted, meant.UID, key, err)
+		// Until a read says the network is gone, it may be a living one
+		// whose claim was just taken: ensure claims for it however its
+		// identity stands.
+		c.setClaimLost(key, true)
+		return ReleaseError, fmt.Errorf("claim %s: the server deleted %s, not %s; reading whether %s lives: %w", name, which, meant.UID, key, err)
 	}
 	if gone {
 		c.log.Info("fabric-identity claim released; the server named another claim than the one read, and the network is gone", "claim", name,
-			"meant_uid", meant.UID, "deleted_uid", deleted)
+			"meant_uid", meant.UID, "deleted", which)
 		return ReleaseReleased, nil
 	}
 	c.log.Warn("the address service deleted a live network's claim in place of the gone one's: claiming again", "network", key.String(),
-		"claim", name, "meant_uid", meant.UID, "deleted_uid", deleted)
-	if c.metrics != nil {
-		c.metrics.restored.Inc()
-	}
+		"claim", name, "meant_uid", meant.UID, "deleted", which)
+	c.setClaimLost(key, true)
 	// Its identity may have gone with the collect: ensure writes it again
-	// from the block claimed here.
+	// from the block claimed here, or claims again if this create fails.
 	defer c.Enqueue(key.Namespace, key.Name)
 	block, err := c.claim(ctx, key, name)
 	if err != nil {
 		c.api.Event(ctx, c.networkRef(key), true, "FabricIdentityClaimRestored",
-			fmt.Sprintf("the address service deleted claim %s of this network (uid %s) in place of a gone network's claim (uid %s); claiming again failed, retrying: %v", name, deleted, meant.UID, err))
+			fmt.Sprintf("the address service deleted %s of this network (claim %s) in place of a gone network's claim (uid %s); claiming again failed, retrying: %v", which, name, meant.UID, err))
 		return releaseRestored, fmt.Errorf("claim again for %s after its claim was deleted in place of another: %w", key, err)
 	}
+	if c.metrics != nil {
+		c.metrics.restored.Inc()
+	}
 	c.api.Event(ctx, c.networkRef(key), true, "FabricIdentityClaimRestored",
-		fmt.Sprintf("the address service deleted claim %s of this network (uid %s) in place of a gone network's claim (uid %s); claimed again at once, block %s", name, deleted, meant.UID, block))
+		fmt.Sprintf("the address service deleted %s of this network (claim %s) in place of a gone network's claim (uid %s); claimed again at once, block %s", which, name, meant.UID, block))
 	return releaseRestored, nil
 }
 

@@ -3,6 +3,8 @@ package hubctl_test
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -12,8 +14,10 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
+	"sigs.k8s.io/yaml"
 
 	"github.com/datum-cloud/galactic-node/hubctl"
 	"github.com/datum-cloud/galactic-node/internal/ipamtest"
@@ -286,6 +290,7 @@ func TestTheSweepReleasesOnlyGoneNetworksClaimsAgainstIpam(t *testing.T) {
 func TestALeaseUnderTheFloorHoldsReleasesOnARealAPIServer(t *testing.T) {
 	h := newHub(t, 10)
 	ctx := context.Background()
+	serveLeaseCRDs(t, h)
 	class := "fabric-" + h.ns
 	classes := h.dyn.Resource(hubctl.ClassResource)
 	if _, err := classes.Create(ctx, &unstructured.Unstructured{Object: map[string]any{
@@ -346,5 +351,35 @@ func TestALeaseUnderTheFloorHoldsReleasesOnARealAPIServer(t *testing.T) {
 	}
 	if st := in.ctl.Status(); st.ReleasesHeld != "" || !strings.Contains(st.Promise, "200h0m0s (class "+class+")") {
 		t.Fatalf("status %+v, want no hold and the 200h promise", st)
+	}
+}
+
+var crdResource = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
+
+// serveLeaseCRDs installs ipam's IPClass and IPPool CRDs (testdata) for
+// one test, and removes them after it: served and empty, they would hold
+// the releases of every other test's hub (EffectiveLease).
+func serveLeaseCRDs(t *testing.T, h *hub) {
+	t.Helper()
+	for _, file := range []string{"ipam.miloapis.com_ipclasses.yaml", "ipam.miloapis.com_ippools.yaml"} {
+		raw, err := os.ReadFile(filepath.Join("testdata", file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		crd := &unstructured.Unstructured{}
+		if err := yaml.Unmarshal(raw, &crd.Object); err != nil {
+			t.Fatalf("%s: %v", file, err)
+		}
+		crds := h.dyn.Resource(crdResource)
+		if _, err := crds.Create(context.Background(), crd, metav1.CreateOptions{}); err != nil {
+			t.Fatalf("create CRD %s: %v", crd.GetName(), err)
+		}
+		t.Cleanup(func() { _ = crds.Delete(context.Background(), crd.GetName(), metav1.DeleteOptions{}) })
+	}
+	for _, gvr := range []schema.GroupVersionResource{hubctl.ClassResource, hubctl.PoolResource} {
+		waitFor(t, gvr.Resource+" served", func() bool {
+			_, err := h.dyn.Resource(gvr).List(context.Background(), metav1.ListOptions{})
+			return err == nil
+		})
 	}
 }

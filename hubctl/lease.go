@@ -67,10 +67,15 @@ var ErrReleasesHeld = errors.New("releases held")
 // releaseHold is why no claim may be released now, or nil. Each change is
 // logged, counted and recorded once.
 func (c *Controller) releaseHold(ctx context.Context) error {
-	why := c.holdReason()
+	// Decided and recorded under one hold of the lock, so that an older
+	// reason never overwrites a newer one.
 	c.mu.Lock()
+	why := c.holdReason()
 	changed := why != c.held
 	c.held = why
+	if changed && c.metrics != nil {
+		c.metrics.held.Set(boolGauge(why != ""))
+	}
 	c.mu.Unlock()
 	if changed {
 		c.reportHold(ctx, why)
@@ -97,9 +102,6 @@ func (c *Controller) holdReason() string {
 }
 
 func (c *Controller) reportHold(ctx context.Context, why string) {
-	if c.metrics != nil {
-		c.metrics.held.Set(boolGauge(why != ""))
-	}
 	if why == "" {
 		c.log.Info("releases resume", "retention_lease", c.promise())
 		c.api.HubEvent(ctx, false, "FabricIdentityReleasesResumed", "releases resume: "+c.promise())
@@ -135,11 +137,14 @@ func boolGauge(b bool) float64 {
 // pool's spec.maxRetentionLease, none when both are unset. A claim may be
 // drawn from any pool that offers the class (spec.classNames, which names
 // the root of the class's spec.parentClassName chain), so the hub takes
-// the shortest over all of them. With no class at all the service has no
-// classes to lease by: none. A class it cannot find is an error.
+// the shortest over all of them. No class in view, or a class it cannot
+// find, is an error: ipam hands out no block without a class, so an empty
+// list is a read that cannot see them (ipam keeps classes in the platform
+// project and answers an unscoped read with an empty list), not a service
+// without leases.
 func EffectiveLease(classes, pools []unstructured.Unstructured, className string) (RetentionLease, error) {
 	if len(classes) == 0 {
-		return RetentionLease{}, nil
+		return RetentionLease{}, errors.New("the address service serves ipclasses but none is in view: are the credentials scoped to the platform project?")
 	}
 	byName := map[string]*unstructured.Unstructured{}
 	for i := range classes {
@@ -219,6 +224,10 @@ type LeaseWatcher struct {
 	err   error
 }
 
+// leaseReadTimeout bounds each read of the lease: a read that hangs is an
+// error, which holds releases, and not a last good lease kept for ever.
+const leaseReadTimeout = 10 * time.Second
+
 // DefaultLeaseInterval: two LISTs of small cluster-scoped objects a
 // minute, and a lease shortened under the floor holds releases within a
 // minute of the change.
@@ -242,8 +251,9 @@ func (w *LeaseWatcher) RetentionLease() (RetentionLease, error) {
 	return w.lease, w.err
 }
 
-// Refresh reads the lease once. A server that serves no ipclasses (the
-// seed's address service) has no leases: none.
+// Refresh reads the lease once. A server that does not serve ipclasses at
+// all (404 for the resource: the seed's address service, a lab without
+// ipam) has no leases: none.
 func (w *LeaseWatcher) Refresh(ctx context.Context) error {
 	lease, err := w.readLease(ctx)
 	w.mu.Lock()
@@ -292,7 +302,9 @@ func (w *LeaseWatcher) Run(ctx context.Context, changed func(RetentionLease, err
 			return
 		case <-time.After(interval):
 		}
-		err := w.Refresh(ctx)
+		rctx, cancel := context.WithTimeout(ctx, leaseReadTimeout)
+		err := w.Refresh(rctx)
+		cancel()
 		if now := w.describe(); now != last && changed != nil {
 			l, _ := w.RetentionLease()
 			changed(l, err)

@@ -227,8 +227,8 @@ func TestTheEffectiveLeaseIsTheLesserOfClassAndPool(t *testing.T) {
 	if got, err := EffectiveLease([]unstructured.Unstructured{class("plain", "", "", true)}, nil, ""); err != nil || got.Set {
 		t.Errorf("no lease anywhere: %+v %v, want none", got, err)
 	}
-	if got, err := EffectiveLease(nil, nil, "fabric"); err != nil || got.Set {
-		t.Errorf("a service with no classes: %+v %v, want none", got, err)
+	if got, err := EffectiveLease(nil, nil, "fabric"); err == nil {
+		t.Errorf("no class in view: %+v, want an error (the lease cannot be known)", got)
 	}
 	if _, err := EffectiveLease(classes, pools, "missing"); err == nil {
 		t.Error("a class that does not exist gave a lease")

@@ -758,3 +758,148 @@ func TestAPlainConflictWithNoRetainedBlockIsNotAdopted(t *testing.T) {
 		t.Fatalf("networks refused = %v, want 1", got)
 	}
 }
+
+// lostClaimScene is the race of TestALiveNetworksClaimDeletedInPlaceOfAGoneOnesIsClaimedAgain
+// with the other writer writing the identity too, so that the network's
+// identity exists while its claim is gone: ensure's early return on an
+// existing identity must not leave it so.
+func lostClaimScene(t *testing.T, api func(*addressService) API, during func(*addressService)) (*scene, uint32) {
+	t.Helper()
+	s := newSceneIn(t, 2, mode{ipam: true})
+	if api != nil {
+		s.c = New(api(s.svc), s.cache, nil, s.m, nil, s.config())
+	}
+	s.live("team", "a")
+	if err := s.reconcile(t, "team", "a"); err != nil {
+		t.Fatal(err)
+	}
+	id, _ := s.identity("team", "a")
+	s.gone("team", "a")
+	claim := ClaimName("team", "a")
+	s.svc.beforeDelete = func(svc *addressService) {
+		svc.addNetwork("team", "a")
+		s.cache[Key{"team", "a"}] = true
+		svc.mu.Lock()
+		old := svc.claims[claim]
+		delete(svc.claims, claim)
+		a := svc.allocations[old.BoundAllocation]
+		a.ClaimRef = ""
+		svc.allocations[old.BoundAllocation] = a
+		svc.mu.Unlock()
+		if _, err := svc.CreateClaim(context.Background(), Claim{Namespace: platform, Name: claim, PrefixLength: 64, ReclaimPolicy: PolicyRetain}); err != nil {
+			t.Error(err)
+		}
+		_ = svc.CreateFabricIdentity(context.Background(), FabricIdentity{Namespace: "team", Name: "a", FabricID: id, NetworkRef: "a"})
+		if during != nil {
+			during(svc)
+		}
+	}
+	return s, id
+}
+
+// settlesWithItsClaim reconciles the network a few times, as its requeues
+// would, and checks that it ends holding a claim on its block.
+func settlesWithItsClaim(t *testing.T, s *scene, id uint32) {
+	t.Helper()
+	for range 3 {
+		_ = s.reconcile(t, "team", "a")
+	}
+	c, ok := s.svc.claims[ClaimName("team", "a")]
+	if fid, _ := FabricIDFromBlock(c.AllocatedCIDR); !ok || fid != id {
+		t.Fatalf("the live network holds claim %v %+v, want one on its block (fabric ID %d)", ok, c, id)
+	}
+	if got, ok := s.identity("team", "a"); !ok || got != id {
+		t.Fatalf("identity %d %v, want %d", got, ok, id)
+	}
+}
+
+// Guards the check after a delete when reading the network fails: the
+// network is not taken for gone; the next reconcile claims for it, though
+// its identity exists.
+func TestALostClaimWhoseNetworkCannotBeReadIsClaimedLater(t *testing.T) {
+	s, id := lostClaimScene(t, nil, func(svc *addressService) { svc.getNetworkErr = errInjected })
+	if err := s.reconcile(t, "team", "a"); err == nil {
+		t.Fatal("a collect whose check after the delete could not read the network succeeded")
+	}
+	s.svc.mu.Lock()
+	s.svc.getNetworkErr = nil
+	s.svc.mu.Unlock()
+	settlesWithItsClaim(t, s, id)
+}
+
+// Guards the restore when the claim made again is refused (Milo gives the
+// deleted claim's quota unit back only after its garbage collector runs):
+// the network claims again once a unit is free, though its identity exists.
+func TestALostClaimRefusedForQuotaIsClaimedOnceAUnitIsFree(t *testing.T) {
+	var refusing *refusingCreates
+	s, id := lostClaimScene(t, func(svc *addressService) API {
+		refusing = &refusingCreates{addressService: svc}
+		return refusing
+	}, func(*addressService) { refusing.err = fmt.Errorf("Insufficient quota resources available: %w", ErrQuota) })
+	if err := s.reconcile(t, "team", "a"); !errors.Is(err, ErrQuota) {
+		t.Fatalf("reconcile = %v, want the restore refused for quota", err)
+	}
+	if got := testutil.ToFloat64(s.m.restored); got != 0 {
+		t.Fatalf("restored = %v after a refused restore", got)
+	}
+	refusing.err = nil
+	settlesWithItsClaim(t, s, id)
+}
+
+// A claim ipam shows Releasing, with no deletionTimestamp, is being
+// deleted: a returning network waits for it rather than taking its block,
+// and asks for its delete again, which is how ipam ends one whose delete
+// stopped after publishing the phase; the collect of a gone network
+// deletes it again too.
+func TestAClaimLeftReleasingIsDeletedAgain(t *testing.T) {
+	s := newSceneIn(t, 2, mode{ipam: true})
+	s.live("team", "a")
+	if err := s.reconcile(t, "team", "a"); err != nil {
+		t.Fatal(err)
+	}
+	name := ClaimName("team", "a")
+	stuck := func() {
+		s.svc.changeClaim(name, func(c *Claim) { c.Phase, c.Deleting = PhaseReleasing, true })
+	}
+	stuck()
+	s.gone("team", "a")
+	cnt := &counting{API: s.svc}
+	s.c = New(cnt, s.cache, nil, s.m, nil, s.config())
+	if err := s.reconcile(t, "team", "a"); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := s.svc.claims[name]; ok || cnt.calls["DeleteClaim"] != 1 {
+		t.Fatalf("claim left %v after %d deletes: want a Releasing claim of a gone network deleted again", ok, cnt.calls["DeleteClaim"])
+	}
+
+	s.live("team", "b")
+	if err := s.reconcile(t, "team", "b"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.svc.DeleteFabricIdentity(context.Background(), "team", "b"); err != nil {
+		t.Fatal(err)
+	}
+	name = ClaimName("team", "b")
+	stuck()
+	before := cnt.calls["DeleteClaim"]
+	if err := s.reconcile(t, "team", "b"); !errors.Is(err, errClaimGoing) {
+		t.Fatalf("reconcile of a network whose claim is Releasing = %v, want errClaimGoing", err)
+	}
+	if _, ok := s.identity("team", "b"); ok {
+		t.Fatal("an identity was written from a claim being released")
+	}
+	if cnt.calls["DeleteClaim"] != before+1 {
+		t.Fatalf("%d deletes of the claim left Releasing, want 1", cnt.calls["DeleteClaim"]-before)
+	}
+}
+
+// A restore answered by a plain 409 (ipam 012be054) adopts the block: the
+// network holds no claim and stays counted unclaimed after the collect
+// that led to it.
+func TestARestoreThatAdoptsStaysCountedUnclaimed(t *testing.T) {
+	s, _ := lostClaimScene(t, nil, func(svc *addressService) { svc.plainConflict = true })
+	_ = s.reconcile(t, "team", "a")
+	if got := testutil.ToFloat64(s.m.unclaimed); got != 1 {
+		t.Fatalf("unclaimed = %v after a restore that adopted, want 1", got)
+	}
+}
