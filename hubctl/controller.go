@@ -139,7 +139,7 @@ func New(api API, cache NetworkCache, place Placement, metrics *Metrics, log *sl
 			workqueue.TypedRateLimitingQueueConfig[Key]{Name: "networks"}),
 		refused: map[string]string{}, waiting: map[Key]bool{}, unclaimed: map[Key]bool{}, confirm: newConfirmer(),
 		refusedNets: map[Key]refusal{}, claimLost: map[Key]bool{},
-		quotaPoll:   workqueue.NewTypedItemExponentialFailureRateLimiter[Key](freedUnitPoll, freedUnitPollMax),
+		quotaPoll: workqueue.NewTypedItemExponentialFailureRateLimiter[Key](freedUnitPoll, freedUnitPollMax),
 	}
 }
 

@@ -835,7 +835,9 @@ func TestALostClaimRefusedForQuotaIsClaimedOnceAUnitIsFree(t *testing.T) {
 	s, id := lostClaimScene(t, func(svc *addressService) API {
 		refusing = &refusingCreates{addressService: svc}
 		return refusing
-	}, func(*addressService) { refusing.err = fmt.Errorf("Insufficient quota resources available: %w", ErrQuota) })
+	}, func(*addressService) {
+		refusing.err = fmt.Errorf("Insufficient quota resources available: %w", ErrQuota)
+	})
 	if err := s.reconcile(t, "team", "a"); !errors.Is(err, ErrQuota) {
 		t.Fatalf("reconcile = %v, want the restore refused for quota", err)
 	}
