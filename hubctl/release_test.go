@@ -635,34 +635,11 @@ func TestALiveNetworksClaimDeletedInPlaceOfAGoneOnesIsClaimedAgain(t *testing.T)
 	for name, md := range map[string]mode{"ipam/informers": {ipam: true}, "ipam/direct": {ipam: true, direct: true}} {
 		t.Run(name, func(t *testing.T) {
 			s := newSceneIn(t, 2, md)
-			s.live("team", "a")
-			if err := s.reconcile(t, "team", "a"); err != nil {
-				t.Fatal(err)
-			}
-			id, _ := s.identity("team", "a")
-			s.gone("team", "a")
-			claim := ClaimName("team", "a")
-			var recreated Claim
-			s.svc.beforeDelete = func(svc *addressService) {
-				// Another writer, between the read and the delete: the
-				// network back, its claim deleted and made anew.
-				svc.addNetwork("team", "a")
-				s.cache[Key{"team", "a"}] = true
-				svc.mu.Lock()
-				old := svc.claims[claim]
-				delete(svc.claims, claim)
-				a := svc.allocations[old.BoundAllocation]
-				a.ClaimRef = ""
-				svc.allocations[old.BoundAllocation] = a
-				svc.mu.Unlock()
-				var err error
-				if recreated, err = svc.CreateClaim(context.Background(), Claim{Namespace: platform, Name: claim, PrefixLength: 64, ReclaimPolicy: PolicyRetain}); err != nil {
-					t.Error(err)
-				}
-			}
+			id, recreated := takeClaimInTheWindow(t, s, false, nil)
 			if err := s.c.Reconcile(context.Background(), Key{"team", "a"}); err != nil {
 				t.Fatalf("reconcile: %v", err)
 			}
+			claim := ClaimName("team", "a")
 			c, ok := s.svc.claims[claim]
 			if !ok || c.UID == recreated.UID || c.Phase != "Bound" {
 				t.Fatalf("the live network's claim: present %v %+v; want one made again after the delete took %s", ok, c, recreated.UID)
@@ -686,6 +663,46 @@ func TestALiveNetworksClaimDeletedInPlaceOfAGoneOnesIsClaimedAgain(t *testing.T)
 			}
 		})
 	}
+}
+
+// takeClaimInTheWindow gives network team/a of scene s its identity, then
+// has it go and, inside the controller's claim delete, another writer bring
+// it back: its claim deleted and made anew (recreated), and, with
+// writeIdentity, its identity written from it. during runs last inside the
+// window. It returns the network's fabric ID.
+func takeClaimInTheWindow(t *testing.T, s *scene, writeIdentity bool, during func(*addressService)) (uint32, *Claim) {
+	t.Helper()
+	s.live("team", "a")
+	if err := s.reconcile(t, "team", "a"); err != nil {
+		t.Fatal(err)
+	}
+	id, _ := s.identity("team", "a")
+	s.gone("team", "a")
+	claim := ClaimName("team", "a")
+	recreated := &Claim{}
+	s.svc.beforeDelete = func(svc *addressService) {
+		svc.addNetwork("team", "a")
+		s.cache[Key{"team", "a"}] = true
+		svc.mu.Lock()
+		old := svc.claims[claim]
+		delete(svc.claims, claim)
+		a := svc.allocations[old.BoundAllocation]
+		a.ClaimRef = ""
+		svc.allocations[old.BoundAllocation] = a
+		svc.mu.Unlock()
+		c, err := svc.CreateClaim(context.Background(), Claim{Namespace: platform, Name: claim, PrefixLength: 64, ReclaimPolicy: PolicyRetain})
+		if err != nil {
+			t.Error(err)
+		}
+		*recreated = c
+		if writeIdentity {
+			_ = svc.CreateFabricIdentity(context.Background(), FabricIdentity{Namespace: "team", Name: "a", FabricID: id, NetworkRef: "a"})
+		}
+		if during != nil {
+			during(svc)
+		}
+	}
+	return id, recreated
 }
 
 // Adopt in every form ipam answers: the seed's 409 with cause, ipam
@@ -769,31 +786,7 @@ func lostClaimScene(t *testing.T, api func(*addressService) API, during func(*ad
 	if api != nil {
 		s.c = New(api(s.svc), s.cache, nil, s.m, nil, s.config())
 	}
-	s.live("team", "a")
-	if err := s.reconcile(t, "team", "a"); err != nil {
-		t.Fatal(err)
-	}
-	id, _ := s.identity("team", "a")
-	s.gone("team", "a")
-	claim := ClaimName("team", "a")
-	s.svc.beforeDelete = func(svc *addressService) {
-		svc.addNetwork("team", "a")
-		s.cache[Key{"team", "a"}] = true
-		svc.mu.Lock()
-		old := svc.claims[claim]
-		delete(svc.claims, claim)
-		a := svc.allocations[old.BoundAllocation]
-		a.ClaimRef = ""
-		svc.allocations[old.BoundAllocation] = a
-		svc.mu.Unlock()
-		if _, err := svc.CreateClaim(context.Background(), Claim{Namespace: platform, Name: claim, PrefixLength: 64, ReclaimPolicy: PolicyRetain}); err != nil {
-			t.Error(err)
-		}
-		_ = svc.CreateFabricIdentity(context.Background(), FabricIdentity{Namespace: "team", Name: "a", FabricID: id, NetworkRef: "a"})
-		if during != nil {
-			during(svc)
-		}
-	}
+	id, _ := takeClaimInTheWindow(t, s, true, during)
 	return s, id
 }
 
