@@ -221,15 +221,3 @@ type AllocationCache interface {
 type IdentityCache interface {
 	Get(namespace, name string) (FabricIdentity, bool)
 }
-
-// Placement places networks at locations; collecting a network unplaces it.
-// Placement itself is not this package's concern.
-type Placement interface {
-	Unplace(ctx context.Context, namespace, name string) error
-}
-
-// NoPlacement does nothing: the default placement seam.
-type NoPlacement struct{}
-
-// Unplace implements Placement.
-func (NoPlacement) Unplace(context.Context, string, string) error { return nil }

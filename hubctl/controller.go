@@ -168,6 +168,26 @@ func (c *Controller) IdentityChanged(namespace, name string) {
 	}
 }
 
+// ContextChanged is told that a context of network namespace/name was
+// added, changed or deleted: its placement is brought to its locations.
+func (c *Controller) ContextChanged(namespace, name string) {
+	if c.cache.Exists(namespace, name) {
+		c.Enqueue(namespace, name)
+	}
+}
+
+// PolicyChanged is told that the placement policy of network
+// namespace/name was written (present) or deleted. A live network is
+// placed again, so that a policy changed or deleted by someone else is
+// mended; a gone network whose policy appears (written before its collect
+// could see it) is collected again. A gone network's policy deleted is the
+// collect's own work: nothing to do.
+func (c *Controller) PolicyChanged(namespace, name string, present bool) {
+	if present || c.cache.Exists(namespace, name) {
+		c.Enqueue(namespace, name)
+	}
+}
+
 // ClaimGone is told that a claim was deleted, which may have freed a quota
 // unit: every network refused for quota is tried again now. All of them,
 // since which one the quota admits is the API server's race to decide; the
@@ -326,14 +346,17 @@ func (c *Controller) Reconcile(ctx context.Context, key Key) error {
 	if c.cache.Exists(key.Namespace, key.Name) {
 		err := c.ensure(ctx, key)
 		c.setWaiting(key, errors.Is(err, ErrQuota) || errors.Is(err, errClaimGoing))
-		if err == nil {
-			c.setRefused(key, nil)
+		if err != nil {
+			return err
 		}
-		return err
+		c.setRefused(key, nil)
+		// Placed only once it has its identity: a policy selecting no
+		// object would place nothing.
+		return c.place.Place(ctx, key)
 	}
 	c.setWaiting(key, false)
 	c.setRefused(key, nil)
-	result, err := c.collectCounted(ctx, key, false, nil)
+	result, err := c.collectCounted(ctx, key, false, false, nil)
 	if err == nil && result != networkLives && result != releaseRestored {
 		// Gone, and collected: it holds no block any more. One found
 		// living may still hold an adopted block, and stays counted.
@@ -595,18 +618,18 @@ const networkLives = "live"
 // returns the release result: "" when nothing was released because there
 // was no claim, networkLives when the network lives.
 //
-// listed is the claim as the sweep listed it, after the sweep's own LIST of
-// networks, made past the cache, lacked its network: the network is not
-// confirmed again. A stale listing is safe: the delete carries the listed
-// UID and resourceVersion as preconditions.
-func (c *Controller) collectCounted(ctx context.Context, key Key, sweep bool, listed *Claim) (string, error) {
-	if listed == nil {
+// confirmed: the sweep's own LIST of networks, made past the cache, lacked
+// the network, which is not confirmed again. listed is the claim as the
+// sweep listed it, if any. A stale listing is safe: the delete carries the
+// listed UID and resourceVersion as preconditions.
+func (c *Controller) collectCounted(ctx context.Context, key Key, sweep, confirmed bool, listed *Claim) (string, error) {
+	if !confirmed {
 		c.startCollect()
 		defer c.endCollect()
 		gone, err := c.confirmGone(ctx, key)
 		switch {
 		case err != nil:
-			return c.failedBeforeRelease(sweep), fmt.Errorf("confirm %s is gone: %w", key, err)
+			return c.failedBeforeRelease(sweep && listed != nil), fmt.Errorf("confirm %s is gone: %w", key, err)
 		case !gone:
 			c.log.Info("network the cache reads as gone still lives; nothing collected", "network", key.String())
 			return networkLives, nil
@@ -617,7 +640,7 @@ func (c *Controller) collectCounted(ctx context.Context, key Key, sweep bool, li
 	// has not seen yet is collected and then given its identity again, from
 	// its retained block (docs/hub.md). The sweep did not start from the
 	// cache, so the cache's word there is no news: it collects on its LIST.
-	if listed == nil && c.cache.Exists(key.Namespace, key.Name) {
+	if !confirmed && c.cache.Exists(key.Namespace, key.Name) {
 		c.log.Info("network came back after it was confirmed gone; nothing collected", "network", key.String())
 		return networkLives, nil
 	}
@@ -626,11 +649,14 @@ func (c *Controller) collectCounted(ctx context.Context, key Key, sweep bool, li
 	// collected.
 	if c.identityMayExist(key) {
 		if err := c.api.DeleteFabricIdentity(ctx, key.Namespace, key.Name); err != nil && !errors.Is(err, ErrNotFound) {
-			return c.failedBeforeRelease(sweep), fmt.Errorf("delete fabric identity of %s: %w", key, err)
+			return c.failedBeforeRelease(sweep && listed != nil), fmt.Errorf("delete fabric identity of %s: %w", key, err)
 		}
 	}
-	if err := c.place.Unplace(ctx, key.Namespace, key.Name); err != nil {
-		return c.failedBeforeRelease(sweep), fmt.Errorf("unplace %s: %w", key, err)
+	// After the identity: a placement never outlives the object it places
+	// in the seed's order, and a crash between the two leaves a policy
+	// that selects nothing, which the next sweep removes.
+	if err := c.place.Unplace(ctx, key); err != nil {
+		return c.failedBeforeRelease(sweep && listed != nil), fmt.Errorf("unplace %s: %w", key, err)
 	}
 	name := ClaimName(key.Namespace, key.Name)
 	result, err := c.release(ctx, key, name, listed)
@@ -891,14 +917,18 @@ func (c *Controller) forgetRelease(claim string) {
 	}
 }
 
-// Sweep releases, once, every fabric-identity claim whose network one LIST
-// of networks, made past the cache, lacks, so that a restart while a
-// release was failing leaks nothing: the claims (from the claim cache when
-// there is one), one LIST, then one delete per claim released. Claims of
-// live networks, and claims not named fabric-identity.*, are left alone. A
-// network it cannot settle is queued for the workers.
+// Sweep collects, once, every network that a fabric-identity claim or a
+// placement policy names and that one LIST of networks, made past the
+// cache, lacks, so that a restart while a release or an unplace was
+// failing leaks nothing: the claims and policies (from the caches when
+// there are some), one LIST, then, per gone network, the deletes of its
+// collect. Claims and policies of live networks, claims not named
+// fabric-identity.* and policies without the placement label are left
+// alone. The policies of the older per-location form are removed first.
+// A network it cannot settle is queued for the workers.
 func (c *Controller) Sweep(ctx context.Context) {
 	c.countUnclaimed(ctx)
+	c.removeLegacyPlacements(ctx)
 	var claims []Claim
 	if c.cfg.Claims != nil {
 		claims = c.cfg.Claims.List()
@@ -909,35 +939,48 @@ func (c *Controller) Sweep(ctx context.Context) {
 			if c.metrics != nil {
 				c.metrics.sweep.WithLabelValues(ReleaseError).Inc()
 			}
-			return
+			claims = nil
 		}
 	}
+	// Each network once, with its claim if it has one, and whether a
+	// policy places it.
 	type owned struct {
-		claim Claim
-		key   Key
+		claim  *Claim
+		placed bool
 	}
-	var ours []owned
+	ours := map[Key]*owned{}
+	var order []Key
+	own := func(key Key) *owned {
+		o, ok := ours[key]
+		if !ok {
+			o = &owned{}
+			ours[key] = o
+			order = append(order, key)
+		}
+		return o
+	}
 	for _, cl := range claims {
 		if !strings.HasPrefix(cl.Name, ClaimPrefix) {
 			continue
 		}
 		if key, ok := c.networkOfClaim(cl); ok {
-			ours = append(ours, owned{cl, key})
+			own(key).claim = &cl
 		}
 	}
-	if len(ours) == 0 {
+	for _, key := range c.place.Placed() {
+		own(key).placed = true
+	}
+	if len(order) == 0 {
 		return
 	}
 	networks, err := c.api.ListNetworkKeys(ctx)
 	if err != nil {
-		// Nothing is collected on a failed read: each claim's network is
-		// left to the workers, which confirm it on a read of their own.
-		c.log.Warn("startup sweep could not list networks; the workers retry each claim's network", "error", err)
-		for _, o := range ours {
-			if c.metrics != nil {
-				c.metrics.sweep.WithLabelValues(ReleaseError).Inc()
-			}
-			c.queue.AddRateLimited(o.key)
+		// Nothing is collected on a failed read: each network is left to
+		// the workers, which confirm it on a read of their own.
+		c.log.Warn("startup sweep could not list networks; the workers retry each claim's and policy's network", "error", err)
+		for _, key := range order {
+			c.countSweep(ours[key].claim != nil, ours[key].placed, ReleaseError)
+			c.queue.AddRateLimited(key)
 		}
 		return
 	}
@@ -945,18 +988,47 @@ func (c *Controller) Sweep(ctx context.Context) {
 	for _, k := range networks {
 		live[k] = true
 	}
-	// Claims are settled concurrently, a few at a time: each takes a round
-	// trip or two, and a hub restarting after an outage may find thousands.
+	// Networks are settled concurrently, a few at a time: each takes a
+	// round trip or two, and a hub restarting after an outage may find
+	// thousands.
 	sem := make(chan struct{}, sweepConcurrency)
 	var wg sync.WaitGroup
-	for _, o := range ours {
+	for _, key := range order {
+		o := ours[key]
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			c.sweepClaim(ctx, o.claim, o.key, live[o.key])
+			c.sweepNetwork(ctx, key, o.claim, o.placed, live[key])
 		})
 	}
 	wg.Wait()
+}
+
+// removeLegacyPlacements removes the policies of the older per-location
+// form, once, best effort: what fails is logged and counted, and tried
+// again at the next start.
+func (c *Controller) removeLegacyPlacements(ctx context.Context) {
+	removed, failed := c.place.RemoveLegacy(ctx)
+	if c.metrics != nil {
+		c.metrics.sweepPolicies.WithLabelValues(SweepPolicyLegacyRemoved).Add(float64(removed))
+		c.metrics.sweepPolicies.WithLabelValues(ReleaseError).Add(float64(failed))
+	}
+}
+
+// countSweep counts a network the sweep looked at, on the claims' metric
+// when it had a claim and on the policies' when a policy placed it. The
+// claims' results are counted by collectCounted, but for the live and the
+// unread.
+func (c *Controller) countSweep(claim, placed bool, result string) {
+	if c.metrics == nil {
+		return
+	}
+	if claim && (result == "live" || result == ReleaseError) {
+		c.metrics.sweep.WithLabelValues(result).Inc()
+	}
+	if placed {
+		c.metrics.sweepPolicies.WithLabelValues(result).Inc()
+	}
 }
 
 // sweepConcurrency: 16 claims in flight keep the API server busy while
@@ -983,17 +1055,23 @@ func (c *Controller) networkOfClaim(cl Claim) (Key, bool) {
 	return Key{ns, name}, true
 }
 
-func (c *Controller) sweepClaim(ctx context.Context, cl Claim, key Key, live bool) {
+func (c *Controller) sweepNetwork(ctx context.Context, key Key, cl *Claim, placed, live bool) {
 	if live {
-		if c.metrics != nil {
-			c.metrics.sweep.WithLabelValues("live").Inc()
-		}
+		c.countSweep(cl != nil, placed, "live")
 		return
 	}
 	// collectCounted counts the claim on the sweep's metric, with the
 	// result the release met: kept, refused, released or error.
-	if _, err := c.collectCounted(ctx, key, true, &cl); err != nil {
-		c.log.Warn("startup sweep: release failed, retrying with backoff", "claim", cl.Name, "error", err)
+	_, err := c.collectCounted(ctx, key, true, true, cl)
+	if placed {
+		result := SweepPolicyRemoved
+		if err != nil {
+			result = ReleaseError
+		}
+		c.countSweep(false, true, result)
+	}
+	if err != nil {
+		c.log.Warn("startup sweep: collect failed, retrying with backoff", "network", key.String(), "error", err)
 		c.queue.AddRateLimited(key)
 	}
 }

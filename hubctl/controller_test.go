@@ -386,9 +386,14 @@ func TestAClaimNotOursIsNeverReleased(t *testing.T) {
 	}
 }
 
-type recordingPlacement struct{ unplaced int }
+// recordingPlacement counts unplaces: a fake placement for the
+// controller's logic above it.
+type recordingPlacement struct {
+	NoPlacement
+	unplaced int
+}
 
-func (p *recordingPlacement) Unplace(context.Context, string, string) error { p.unplaced++; return nil }
+func (p *recordingPlacement) Unplace(context.Context, Key) error { p.unplaced++; return nil }
 
 func errorsJoin(errs ...error) error { return errors.Join(errs...) }
 

@@ -89,3 +89,50 @@ func (f fenced) HubEvent(ctx context.Context, warning bool, reason, message stri
 	defer cancel()
 	f.API.HubEvent(ctx, warning, reason, message)
 }
+
+// fencedPlacement holds every write of the placement API it wraps by its
+// Fence, as fenced does the controller's.
+type fencedPlacement struct {
+	PlacementAPI
+	fence Fence
+}
+
+// ApplyPolicy implements PlacementAPI.
+func (f fencedPlacement) ApplyPolicy(ctx context.Context, key Key, locations []string, force bool) error {
+	ctx, cancel, err := fenced{fence: f.fence}.hold(ctx, "apply placement policy of "+key.String())
+	if err != nil {
+		return err
+	}
+	defer cancel()
+	return f.PlacementAPI.ApplyPolicy(ctx, key, locations, force)
+}
+
+// DeletePolicy implements PlacementAPI.
+func (f fencedPlacement) DeletePolicy(ctx context.Context, name string, uid types.UID) error {
+	ctx, cancel, err := fenced{fence: f.fence}.hold(ctx, "delete placement policy "+name)
+	if err != nil {
+		return err
+	}
+	defer cancel()
+	return f.PlacementAPI.DeletePolicy(ctx, name, uid)
+}
+
+// SetIdentityLocations implements PlacementAPI.
+func (f fencedPlacement) SetIdentityLocations(ctx context.Context, key Key, add, drop []string) error {
+	ctx, cancel, err := fenced{fence: f.fence}.hold(ctx, "label fabric identity "+key.String())
+	if err != nil {
+		return err
+	}
+	defer cancel()
+	return f.PlacementAPI.SetIdentityLocations(ctx, key, add, drop)
+}
+
+// Event implements PlacementAPI, held as fenced's Event is.
+func (f fencedPlacement) Event(ctx context.Context, n Network, warning bool, reason, message string) {
+	ctx, cancel, err := f.fence.Hold(ctx)
+	if err != nil {
+		return
+	}
+	defer cancel()
+	f.PlacementAPI.Event(ctx, n, warning, reason, message)
+}

@@ -468,7 +468,7 @@ func (k *Kube) Event(_ context.Context, n Network, warning bool, reason, message
 // only what trim returns, so that a hub with thousands of objects caches
 // little. With relist above 0 it lists ri afresh at least that often
 // (relisting).
-func newInformer(ri dynamic.ResourceInterface, what string, trim cache.TransformFunc, relist time.Duration) (cache.SharedIndexInformer, error) {
+func newInformer(ri listWatcher, what string, trim cache.TransformFunc, relist time.Duration) (cache.SharedIndexInformer, error) {
 	r := &relisting{every: relist, what: what}
 	lw := &cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
@@ -612,7 +612,8 @@ type NetworkInformer struct {
 func NewNetworkInformer(dyn dynamic.Interface, enqueue func(namespace, name string)) (*NetworkInformer, error) {
 	inf, err := newInformer(dyn.Resource(NetworkResource).Namespace(metav1.NamespaceAll), "networks", func(obj any) (any, error) {
 		if u, ok := obj.(*unstructured.Unstructured); ok {
-			return &metav1.PartialObjectMetadata{ObjectMeta: metav1.ObjectMeta{Namespace: u.GetNamespace(), Name: u.GetName(), UID: u.GetUID(), ResourceVersion: u.GetResourceVersion()}}, nil
+			return &metav1.PartialObjectMetadata{ObjectMeta: metav1.ObjectMeta{Namespace: u.GetNamespace(), Name: u.GetName(), UID: u.GetUID(),
+				ResourceVersion: u.GetResourceVersion(), DeletionTimestamp: u.GetDeletionTimestamp()}}, nil
 		}
 		return obj, nil
 	}, 0)
@@ -657,6 +658,17 @@ func (n *NetworkInformer) UID(ns, name string) (types.UID, bool) {
 		return "", false
 	}
 	return m.GetUID(), true
+}
+
+// Deleting reports whether the cached network namespace/name has a
+// deletionTimestamp: its finalizers are tearing it down.
+func (n *NetworkInformer) Deleting(ns, name string) bool {
+	obj, ok, err := n.informer.GetIndexer().GetByKey(ns + "/" + name)
+	if !ok || err != nil {
+		return false
+	}
+	m, isMeta := obj.(metav1.Object)
+	return isMeta && m.GetDeletionTimestamp() != nil
 }
 
 // Exists implements NetworkCache.
@@ -831,7 +843,19 @@ type FabricIdentityInformer struct {
 func NewFabricIdentityInformer(dyn dynamic.Interface, changed func(namespace, name string)) (*FabricIdentityInformer, error) {
 	inf, err := newInformer(dyn.Resource(FabricIdentityResource).Namespace(metav1.NamespaceAll), "networkfabricidentities",
 		trimWith(func(u *unstructured.Unstructured) *unstructured.Unstructured {
-			return trimmed(u, []string{"spec", "identity"}, []string{"spec", "networkRef", "name"})
+			t := trimmed(u, []string{"spec", "identity"}, []string{"spec", "networkRef", "name"})
+			// Where placement recorded the identity as placed.
+			var labels map[string]string
+			for k, v := range u.GetLabels() {
+				if strings.HasPrefix(k, LabelLocationPrefix) {
+					if labels == nil {
+						labels = map[string]string{}
+					}
+					labels[k] = v
+				}
+			}
+			t.SetLabels(labels)
+			return t
 		}), 0)
 	if err != nil {
 		return nil, err

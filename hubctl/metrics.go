@@ -31,6 +31,12 @@ type Metrics struct {
 	minLease       prometheus.Gauge
 	held           prometheus.Gauge
 	blind          prometheus.Gauge
+
+	placementsWritten prometheus.Counter
+	withdrawals       *prometheus.CounterVec
+	placementRefusals *prometheus.CounterVec
+	withdrawalsHeld   prometheus.Gauge
+	sweepPolicies     *prometheus.CounterVec
 }
 
 // NewMetrics creates the metrics and registers them on reg.
@@ -96,6 +102,35 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "galactic_hub_claims_not_visible",
 			Help: "1 while fabric identities exist but no claim or allocation is in view: the hub's credentials are likely not scoped to the platform project.",
 		}),
+		placementsWritten: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "galactic_hub_placements_written_total",
+			Help: "ClusterPropagationPolicies applied because a network's locations changed (a policy already as wanted is not written again).",
+		}),
+		withdrawals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "galactic_hub_placement_withdrawals_total",
+			Help: "Placements withdrawn, by reason: moved (locations left a policy, others stay), no_location (the last context went: the policy deleted, the identity kept), collected (the network is gone).",
+		}, []string{"reason"}),
+		placementRefusals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "galactic_hub_placement_refusals_total",
+			Help: "Placements refused, counted once per network and cause: policy_taken (the policy's name is another's), location_name (a location that is no label value), label_key (placed, but no label key on the identity), refused (the API server refused the write).",
+		}, []string{"cause"}),
+		withdrawalsHeld: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "galactic_hub_placement_withdrawals_held",
+			Help: "Live networks with a location that would be withdrawn but is held, because their contexts could not be read past the cache.",
+		}),
+		sweepPolicies: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "galactic_hub_startup_sweep_policies_total",
+			Help: "Placement policies the startup sweep looked at, each counted once by result: live, removed (its network gone: collected), legacy_removed (the older per-location form), error.",
+		}, []string{"result"}),
+	}
+	for _, r := range []string{WithdrawalMoved, WithdrawalNoLocation, WithdrawalCollected} {
+		m.withdrawals.WithLabelValues(r)
+	}
+	for _, c := range []string{CausePolicyTaken, CauseLocationName, CauseLabelKey, CausePlacementRefused} {
+		m.placementRefusals.WithLabelValues(c)
+	}
+	for _, r := range []string{"live", SweepPolicyRemoved, SweepPolicyLegacyRemoved, ReleaseError} {
+		m.sweepPolicies.WithLabelValues(r)
 	}
 	for _, class := range []string{RefusalConfiguration, RefusalExhausted, RefusalQuota} {
 		m.refusedNets.WithLabelValues(class)
@@ -106,7 +141,8 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	}
 	m.sweep.WithLabelValues("live")
 	for _, c := range []prometheus.Collector{m.releases, m.refused, m.sweep, m.quotaRefusals, m.identitiesMade, m.unclaimed, m.leader,
-		m.restored, m.refusals, m.refusedNets, m.lease, m.leaseKnown, m.minLease, m.held, m.blind} {
+		m.restored, m.refusals, m.refusedNets, m.lease, m.leaseKnown, m.minLease, m.held, m.blind,
+		m.placementsWritten, m.withdrawals, m.placementRefusals, m.withdrawalsHeld, m.sweepPolicies} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -154,3 +190,23 @@ func RetentionLeaseSeconds(m *Metrics) prometheus.Collector { return m.lease }
 
 // SetMinRetentionLease records the floor on its gauge.
 func (m *Metrics) SetMinRetentionLease(d time.Duration) { m.minLease.Set(d.Seconds()) }
+
+// Startup sweep results of placement policies, beside live and error.
+const (
+	SweepPolicyRemoved       = "removed"
+	SweepPolicyLegacyRemoved = "legacy_removed"
+)
+
+// PlacementsWritten, Withdrawals, PlacementRefusals, WithdrawalsHeld and
+// SweepPolicies expose the placement metrics for tests.
+func PlacementsWritten(m *Metrics) prometheus.Collector { return m.placementsWritten }
+func Withdrawals(m *Metrics, reason string) prometheus.Collector {
+	return m.withdrawals.WithLabelValues(reason)
+}
+func PlacementRefusals(m *Metrics, cause string) prometheus.Collector {
+	return m.placementRefusals.WithLabelValues(cause)
+}
+func WithdrawalsHeld(m *Metrics) prometheus.Collector { return m.withdrawalsHeld }
+func SweepPolicies(m *Metrics, result string) prometheus.Collector {
+	return m.sweepPolicies.WithLabelValues(result)
+}

@@ -92,6 +92,8 @@ func runEnv(ctx context.Context, args, environ []string, stdout, stderr io.Write
 		"release no claim while the address service's retention lease for the claims is shorter than this (docs/operations.md, \"Retention leases\")")
 	relist := fs.Duration("relist-interval", hubctl.DefaultRelistInterval,
 		"list claims and allocations afresh at least this often, for an address service that resumes a watch without the events it missed; 0 relists only on a refused watch")
+	placement := fs.String("placement", "karmada",
+		"karmada: place each fabric identity at its network's locations with a Karmada ClusterPropagationPolicy, and remove it when the network goes (docs/hub.md, \"Placement\"); none: place nothing, for a hub without Karmada")
 	synopsis := prog + " --platform-namespace NS [flags]\n       " + prog + " version | --version"
 	if err := cli.Parse(fs, synopsis, args, environ, envflag.Names(fs), stdout); err != nil {
 		return err
@@ -108,6 +110,9 @@ func runEnv(ctx context.Context, args, environ []string, stdout, stderr io.Write
 	}
 	if *minLease < 0 || *relist < 0 {
 		return cli.Misuse(prog, fmt.Errorf("--min-retention-lease %s and --relist-interval %s: want neither negative", *minLease, *relist))
+	}
+	if *placement != "karmada" && *placement != "none" {
+		return cli.Misuse(prog, fmt.Errorf("--placement %q: want karmada or none", *placement))
 	}
 	if *leaseNS == "" {
 		*leaseNS = *platform
@@ -187,8 +192,21 @@ func runEnv(ctx context.Context, args, environ []string, stdout, stderr io.Write
 		return err
 	}
 	leases := hubctl.NewLeaseWatcher(dyn, *className, metrics)
+	var place hubctl.Placement = hubctl.NoPlacement{}
+	placementSynced := func() bool { return true }
+	if *placement == "karmada" {
+		infs, err := hubctl.NewPlacementInformers(dyn, networks, identities, hubctl.PlacementEvents{
+			Context: func(ns, name string) { ctl.ContextChanged(ns, name) },
+			Policy:  func(ns, name string, present bool) { ctl.PolicyChanged(ns, name, present) },
+		})
+		if err != nil {
+			return err
+		}
+		go infs.Run(ctx)
+		place, placementSynced = hubctl.NewPlacer(kube, infs, fence, metrics, log), infs.HasSynced
+	}
 	// The informers' handlers call ctl only once they run, after this.
-	ctl = hubctl.New(kube, networks, nil, metrics, log,
+	ctl = hubctl.New(kube, networks, place, metrics, log,
 		hubctl.Config{PlatformNamespace: *platform, ClassName: *className, Workers: *workers, Fence: fence,
 			Claims: claims, Allocations: allocations, Identities: identities,
 			Leases: leases, MinRetentionLease: *minLease})
@@ -223,6 +241,9 @@ func runEnv(ctx context.Context, args, environ []string, stdout, stderr io.Write
 			if !networks.HasSynced() || !claims.HasSynced() || !allocations.HasSynced() || !identities.HasSynced() {
 				return errors.New("network, claim, allocation or fabric identity cache not synced")
 			}
+			if !placementSynced() {
+				return errors.New("network context or placement policy cache not synced: is Karmada's ClusterPropagationPolicy served? (--placement=none runs without)")
+			}
 			if ctl.Blind() {
 				return fmt.Errorf("fabric identities exist but no claim or allocation is in view in namespace %s: are the credentials scoped to the platform project?", *platform)
 			}
@@ -247,10 +268,10 @@ func runEnv(ctx context.Context, args, environ []string, stdout, stderr io.Write
 	log.Info("galactic-hubctl starting", "version", buildinfo.Version(version), "platform_namespace", *platform, "lease", *leaseNS+"/"+*leaseName,
 		"kube_api_qps", cfg.QPS, "kube_api_burst", cfg.Burst, "lease_duration", timing.Duration,
 		"renew_deadline", timing.RenewDeadline, "retry_period", timing.RetryPeriod,
-		"min_retention_lease", *minLease, "relist_interval", *relist)
+		"min_retention_lease", *minLease, "relist_interval", *relist, "placement", *placement)
 	err = hubctl.RunAsLeader(ctx, cs, *leaseNS, *leaseName, *id, timing, func(lctx context.Context) {
 		log.Info("leading: reconciling")
-		if !cache.WaitForCacheSync(lctx.Done(), networks.HasSynced, claims.HasSynced, allocations.HasSynced, identities.HasSynced) {
+		if !cache.WaitForCacheSync(lctx.Done(), networks.HasSynced, claims.HasSynced, allocations.HasSynced, identities.HasSynced, placementSynced) {
 			return
 		}
 		ctl.Run(lctx)

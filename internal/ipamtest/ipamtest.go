@@ -149,6 +149,8 @@ type Service struct {
 	deletes      int
 	beforeDelete func(namespace, name string)
 	refuse       *metav1.Status
+	intercept    func(Request, http.ResponseWriter) bool
+	trace        []string
 	// quota: units in use, and the claims created through the proxy whose
 	// unit is not yet given back, by UID.
 	quotaUsed   int
@@ -273,6 +275,33 @@ func (s *Service) RefuseCreates(st *metav1.Status) {
 		return
 	}
 	s.refuse = st.DeepCopy()
+}
+
+// Request is what Intercept is told of a request: its verb (GET LIST
+// WATCH POST PUT PATCH DELETE DELETECOLLECTION), resource, namespace and
+// name, as the API server's RequestInfo reads them.
+type Request struct{ Verb, Resource, Namespace, Name string }
+
+// Intercept runs f first on every request through the proxy (nil: none).
+// When f answers the request itself (an injected error, say) it returns
+// true and the request goes no further; f may also block, to hold a
+// request as a slow or paused API server would, and then return false to
+// let it through. Test seam, for faults the real API server cannot be made
+// to produce on one resource alone.
+func (s *Service) Intercept(f func(Request, http.ResponseWriter) bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.intercept = f
+}
+
+// Trace is every write through the proxy so far, in the order they
+// arrived, as "VERB resource namespace/name" ("DELETE
+// clusterpropagationpolicies /cloud-fabric-identity-a-b" for a
+// cluster-scoped object).
+func (s *Service) Trace() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.trace...)
 }
 
 // Requests counts every request through the proxy by "VERB resource": "POST ipclaims", "DELETE
@@ -404,7 +433,17 @@ func (s *Service) serve(w http.ResponseWriter, r *http.Request) {
 	q := parseRequest(r)
 	s.mu.Lock()
 	s.requests[q.key(r.URL.Path)]++
+	switch q.verb {
+	case "POST", "PUT", "PATCH", "DELETE", "DELETECOLLECTION":
+		if q.isResource && q.subresource == "" {
+			s.trace = append(s.trace, q.verb+" "+q.resource+" "+q.namespace+"/"+q.name)
+		}
+	}
+	intercept := s.intercept
 	s.mu.Unlock()
+	if intercept != nil && intercept(Request{Verb: q.verb, Resource: q.resource, Namespace: q.namespace, Name: q.name}, w) {
+		return
+	}
 
 	if !q.isResource || q.group != Group {
 		s.proxy.ServeHTTP(w, r)
