@@ -3,6 +3,7 @@ package hubctl_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"os"
 	"sync"
@@ -313,6 +314,7 @@ type instance struct {
 	claims      *hubctl.ClaimInformer
 	allocations *hubctl.AllocationInformer
 	identities  *hubctl.FabricIdentityInformer
+	placement   *hubctl.PlacementInformers
 	ctx         context.Context
 	cancel      context.CancelFunc
 	done        chan struct{}
@@ -348,6 +350,10 @@ type startOpts struct {
 	manual bool
 	// relist is the claim and allocation informers' relist interval.
 	relist time.Duration
+	// placementAPI wraps the API placement is given (and the fence then
+	// wraps); noPlacement runs the controller with NoPlacement.
+	placementAPI func(hubctl.PlacementAPI) hubctl.PlacementAPI
+	noPlacement  bool
 }
 
 // startOpts runs a controller as the command wires it: informers over
@@ -395,15 +401,34 @@ func (h *hub) startOpts(t testing.TB, id, lease string, o startOpts) *instance {
 	if o.api != nil {
 		api = o.api(kube)
 	}
-	in.ctl = hubctl.New(api, in.networks, nil, m, nil, cfg)
+	var place hubctl.Placement = hubctl.NoPlacement{}
+	placementSynced := func() bool { return true }
+	if !o.noPlacement {
+		if in.placement, err = hubctl.NewPlacementInformers(dyn, in.networks, in.identities, hubctl.PlacementEvents{
+			Context: func(ns, name string) { in.ctl.ContextChanged(ns, name) },
+			Policy:  func(ns, name string, present bool) { in.ctl.PolicyChanged(ns, name, present) },
+		}); err != nil {
+			t.Fatal(err)
+		}
+		var papi hubctl.PlacementAPI = kube
+		if o.placementAPI != nil {
+			papi = o.placementAPI(kube)
+		}
+		place, placementSynced = hubctl.NewPlacer(papi, in.placement, cfg.Fence, m, testLog()), in.placement.HasSynced
+	}
+	in.ctl = hubctl.New(api, in.networks, place, m, testLog(), cfg)
 	ctx, cancel := context.WithCancel(context.Background())
 	in.ctx, in.cancel = ctx, cancel
 	go in.networks.Run(ctx)
 	go in.claims.Run(ctx)
 	go in.allocations.Run(ctx)
 	go in.identities.Run(ctx)
+	if in.placement != nil {
+		go in.placement.Run(ctx)
+	}
 	synced := func(ctx context.Context) bool {
-		return cache.WaitForCacheSync(ctx.Done(), in.networks.HasSynced, in.claims.HasSynced, in.allocations.HasSynced, in.identities.HasSynced)
+		return cache.WaitForCacheSync(ctx.Done(), in.networks.HasSynced, in.claims.HasSynced, in.allocations.HasSynced, in.identities.HasSynced,
+			placementSynced)
 	}
 	run := func(ctx context.Context) {
 		if synced(ctx) {
@@ -788,4 +813,11 @@ func TestUnclaimedBlocksAreCountedOnARealAPIServer(t *testing.T) {
 	waitFor(t, "the adopted block counted", func() bool { return unclaimed() == 1 })
 	h.cluster.Delete(t, hubctl.NetworkResource, team, "adopted")
 	waitFor(t, "the gone network's block no longer counted", func() bool { return unclaimed() == 0 })
+}
+
+func testLog() *slog.Logger {
+	if os.Getenv("GALACTICTEST_HUB_LOG") == "" {
+		return nil
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 }

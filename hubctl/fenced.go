@@ -97,14 +97,24 @@ type fencedPlacement struct {
 	fence Fence
 }
 
+// CreatePolicy implements PlacementAPI.
+func (f fencedPlacement) CreatePolicy(ctx context.Context, key Key, locations []string) error {
+	ctx, cancel, err := fenced{fence: f.fence}.hold(ctx, "create placement policy of "+key.String())
+	if err != nil {
+		return err
+	}
+	defer cancel()
+	return f.PlacementAPI.CreatePolicy(ctx, key, locations)
+}
+
 // ApplyPolicy implements PlacementAPI.
-func (f fencedPlacement) ApplyPolicy(ctx context.Context, key Key, locations []string, force bool) error {
+func (f fencedPlacement) ApplyPolicy(ctx context.Context, key Key, locations []string) error {
 	ctx, cancel, err := fenced{fence: f.fence}.hold(ctx, "apply placement policy of "+key.String())
 	if err != nil {
 		return err
 	}
 	defer cancel()
-	return f.PlacementAPI.ApplyPolicy(ctx, key, locations, force)
+	return f.PlacementAPI.ApplyPolicy(ctx, key, locations)
 }
 
 // DeletePolicy implements PlacementAPI.

@@ -485,7 +485,7 @@ func newInformer(ri listWatcher, what string, trim cache.TransformFunc, relist t
 			return ri.Watch(ctx, o)
 		},
 	}
-	inf := cache.NewSharedIndexInformerWithOptions(lw, &unstructured.Unstructured{}, cache.SharedIndexInformerOptions{ObjectDescription: what})
+	inf := cache.NewSharedIndexInformerWithOptions(lw, &unstructured.Unstructured{}, cache.SharedIndexInformerOptions{ObjectDescription: what, Indexers: cache.Indexers{}})
 	if err := inf.SetTransform(trim); err != nil {
 		return nil, fmt.Errorf("%s informer: %w", what, err)
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -69,13 +70,28 @@ func policyObject(key Key, locations []string) map[string]any {
 	}
 }
 
+// CreatePolicy implements PlacementAPI.
+func (k *Kube) CreatePolicy(ctx context.Context, key Key, locations []string) error {
+	name := PolicyName(key.Namespace, key.Name)
+	_, err := k.dyn.Resource(PolicyResource).Create(ctx, &unstructured.Unstructured{Object: policyObject(key, locations)},
+		metav1.CreateOptions{FieldManager: PlacementFieldManager})
+	if apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("create policy %s: %w: %w", name, ErrExists, err)
+	}
+	if err != nil {
+		return fmt.Errorf("create policy %s: %w", name, mapErr(err))
+	}
+	return nil
+}
+
 // ApplyPolicy implements PlacementAPI.
-func (k *Kube) ApplyPolicy(ctx context.Context, key Key, locations []string, force bool) error {
+func (k *Kube) ApplyPolicy(ctx context.Context, key Key, locations []string) error {
 	body, err := json.Marshal(policyObject(key, locations))
 	if err != nil {
 		return err
 	}
 	name := PolicyName(key.Namespace, key.Name)
+	force := true
 	_, err = k.dyn.Resource(PolicyResource).Patch(ctx, name, types.ApplyPatchType, body,
 		metav1.PatchOptions{FieldManager: PlacementFieldManager, Force: &force})
 	if err != nil {

@@ -130,10 +130,13 @@ type PlacementAPI interface {
 	// contexts past any cache, in one consistent read: a context being
 	// deleted counts.
 	NetworkLocations(ctx context.Context, namespace, name string) ([]string, error)
-	// ApplyPolicy writes by server-side apply the policy placing network
-	// key's identity at locations. force takes over fields another
-	// manager owns; without it such a field is a conflict (ErrRefused).
-	ApplyPolicy(ctx context.Context, key Key, locations []string, force bool) error
+	// CreatePolicy creates the policy placing network key's identity at
+	// locations; ErrExists when its name is taken, and nothing written.
+	CreatePolicy(ctx context.Context, key Key, locations []string) error
+	// ApplyPolicy writes by server-side apply, taking ownership of every
+	// field it sets, the policy placing network key's identity at
+	// locations.
+	ApplyPolicy(ctx context.Context, key Key, locations []string) error
 	// DeletePolicy deletes the policy name only if its UID is uid (else
 	// ErrPrecondition).
 	DeletePolicy(ctx context.Context, name string, uid types.UID) error
@@ -308,11 +311,20 @@ func (p *Placer) placeable(ctx context.Context, key Key, want []string) []string
 // apply writes the policy and the identity's labels when they differ from
 // want.
 func (p *Placer) apply(ctx context.Context, key Key, name string, policy PlacementPolicy, found bool, want []string) error {
-	if !found || !policy.Labelled || !policy.Overwrite || !slices.Equal(normalize(policy.Locations), want) {
-		// Forced only over a policy this identity's already: a policy the
-		// cache has not seen may be one without the label, whose fields
-		// another manager owns, and that is a conflict, not a takeover.
-		if err := p.api.ApplyPolicy(ctx, key, want, found); err != nil {
+	if !found || !policy.Overwrite || !slices.Equal(normalize(policy.Locations), want) {
+		// Applied only over a policy the cache shows this identity's: one it
+		// does not show may be a policy without the label that holds the
+		// name, and a create, unlike an apply, cannot touch it.
+		write := p.api.ApplyPolicy
+		if !found {
+			write = p.api.CreatePolicy
+		}
+		if err := write(ctx, key, want); err != nil {
+			if errors.Is(err, ErrExists) && !p.wrote(key) {
+				err = fmt.Errorf("policy %s of %s: its name is held by a policy without the label %s: %w", name, key, LabelPolicy, err)
+				p.refuse(ctx, key, CausePolicyTaken, err)
+				return &ConfigError{Cause: CausePolicyTaken, Err: err}
+			}
 			if errors.Is(err, ErrRefused) {
 				p.refuse(ctx, key, CausePlacementRefused, err)
 				return &ConfigError{Cause: CausePlacementRefused, Err: fmt.Errorf("place %s at %v: %w", key, want, err)}
@@ -358,7 +370,7 @@ func (p *Placer) label(ctx context.Context, key Key, want []string) error {
 		p.clearRefused(key, CauseLabelKey)
 	}
 	have := normalize(p.cache.IdentityLocations(key.Namespace, key.Name))
-	add, drop := missing(have, record), missing(record, have)
+	add, drop := missing(record, have), missing(have, record)
 	if len(add) == 0 && len(drop) == 0 {
 		return nil
 	}
@@ -468,6 +480,15 @@ func (p *Placer) forget(key Key) {
 	delete(p.refused, key)
 	delete(p.held, key)
 	p.mu.Unlock()
+}
+
+// wrote reports whether this instance has written network key's policy
+// and not removed it since: a create that finds it existing then meets the
+// instance's own write, which the cache has not caught up with.
+func (p *Placer) wrote(key Key) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.applied[key]) > 0
 }
 
 func (p *Placer) setApplied(key Key, at []string) {

@@ -248,6 +248,9 @@ func (c *Cluster) Apply(t testing.TB, gvr schema.GroupVersionResource, obj *unst
 
 func (c *Cluster) ensureNamespace(t testing.TB, name string) {
 	t.Helper()
+	if name == "" {
+		return // a cluster-scoped object
+	}
 	ns := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "Namespace", "metadata": map[string]any{"name": name}}}
 	_, err := c.Client.Resource(schema.GroupVersionResource{Version: "v1", Resource: "namespaces"}).Create(context.Background(), ns, metav1.CreateOptions{})
 	if err != nil && !apierrors.IsAlreadyExists(err) {
