@@ -301,7 +301,9 @@ func (p *PlacementInformers) Run(ctx context.Context) {
 }
 
 // HasSynced reports whether both initial lists have been read.
-func (p *PlacementInformers) HasSynced() bool { return p.contexts.HasSynced() && p.policies.HasSynced() }
+func (p *PlacementInformers) HasSynced() bool {
+	return p.contexts.HasSynced() && p.policies.HasSynced()
+}
 
 // Locations implements PlacementCache.
 func (p *PlacementInformers) Locations(namespace, name string) []string {
