@@ -604,14 +604,50 @@ func (h *hub) seedGoneClaims(b testing.TB, n int, round int) []string {
 // (internal/ipamtest), whose deletes answer the claim deleted: the check
 // after each delete reads that answer, and the peer's bare deletes go
 // through the same service.
+//
+// The placed/ variants give each gone network a placement policy too, as a
+// hub placing with Karmada leaves them: each collect is then the claim's
+// release and the policy's delete, and the peer deletes both.
 func BenchmarkRelease1000ClaimsOfGoneNetworks(b *testing.B) {
-	b.Run("sweep", func(b *testing.B) { benchRelease(b, false, false) })
-	b.Run("workers", func(b *testing.B) { benchRelease(b, true, false) })
-	b.Run("ipam/sweep", func(b *testing.B) { benchRelease(b, false, true) })
-	b.Run("ipam/workers", func(b *testing.B) { benchRelease(b, true, true) })
+	b.Run("sweep", func(b *testing.B) { benchRelease(b, false, false, false) })
+	b.Run("workers", func(b *testing.B) { benchRelease(b, true, false, false) })
+	b.Run("ipam/sweep", func(b *testing.B) { benchRelease(b, false, true, false) })
+	b.Run("ipam/workers", func(b *testing.B) { benchRelease(b, true, true, false) })
+	b.Run("placed/sweep", func(b *testing.B) { benchRelease(b, false, false, true) })
+	b.Run("placed/workers", func(b *testing.B) { benchRelease(b, true, false, true) })
 }
 
-func benchRelease(b *testing.B, workers, ipam bool) {
+// seedPolicies writes, for each claim's network, the labelled policy that
+// places its identity.
+func (h *hub) seedPolicies(b testing.TB, claims []string) []string {
+	b.Helper()
+	names := make([]string, len(claims))
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 16)
+	for i, claim := range claims {
+		ns, network, _ := hubctl.NetworkOfClaim(claim)
+		names[i] = hubctl.PolicyName(ns, network)
+		wg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			_, err := h.dyn.Resource(hubctl.PolicyResource).Create(context.Background(), &unstructured.Unstructured{Object: map[string]any{
+				"apiVersion": "policy.karmada.io/v1alpha1", "kind": "ClusterPropagationPolicy",
+				"metadata": map[string]any{"name": names[i], "labels": map[string]any{hubctl.LabelPolicy: "true"}},
+				"spec": map[string]any{"conflictResolution": "Overwrite", "resourceSelectors": []any{map[string]any{
+					"apiVersion": "cloud.datumapis.com/v1alpha1", "kind": "NetworkFabricIdentity", "namespace": ns, "name": network}},
+					"placement": map[string]any{"clusterAffinity": map[string]any{"labelSelector": map[string]any{"matchExpressions": []any{
+						map[string]any{"key": hubctl.LocationTopologyKey, "operator": "In", "values": []any{"dfw"}}}}}}},
+			}}, metav1.CreateOptions{})
+			if err != nil {
+				b.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	return names
+}
+
+func benchRelease(b *testing.B, workers, ipam, placed bool) {
 	const n = 1000
 	h := newHubWith(b, 10*n, false) // nothing to bind: claims are seeded as a bound hub holds them
 	peerCfg := h.cluster.Config
@@ -637,11 +673,20 @@ func benchRelease(b *testing.B, workers, ipam bool) {
 	for i := 0; i < b.N; i++ {
 		b.StopTimer()
 		names := h.seedGoneClaims(b, n, 2*i)
+		var policies []string
+		if placed {
+			policies = h.seedPolicies(b, names)
+		}
 		waitForLong(b, "the caches to hold the seeded claims", time.Minute, func() bool {
 			for _, name := range names {
 				_, claimed := in.claims.Get(name)
 				_, allocated := in.allocations.Get(hubctl.AllocationName(h.ns, name))
 				if !claimed || !allocated {
+					return false
+				}
+			}
+			for _, name := range policies {
+				if _, ok := in.placement.Policy(name); !ok {
 					return false
 				}
 			}
@@ -668,14 +713,31 @@ func benchRelease(b *testing.B, workers, ipam bool) {
 		if left, _ := claims.List(context.Background(), metav1.ListOptions{}); len(left.Items) != 0 {
 			b.Fatalf("%d claims left after the release", len(left.Items))
 		}
+		if placed {
+			// The policy goes before the claim: once the last claim is
+			// gone, every policy is.
+			for _, name := range policies {
+				if h.policyExists(b, name) {
+					b.Fatalf("policy %s left after its network was collected", name)
+				}
+			}
+		}
 
 		names = h.seedGoneClaims(b, n, 2*i+1)
+		if placed {
+			policies = h.seedPolicies(b, names)
+		}
 		peer, err := dynamic.NewForConfig(hubRate(peerCfg))
 		if err != nil {
 			b.Fatal(err)
 		}
 		start = time.Now()
-		for _, name := range names {
+		for j, name := range names {
+			if placed {
+				if err := peer.Resource(hubctl.PolicyResource).Delete(context.Background(), policies[j], metav1.DeleteOptions{}); err != nil {
+					b.Fatal(err)
+				}
+			}
 			if err := peer.Resource(hubctl.ClaimResource).Namespace(h.ns).Delete(context.Background(), name, metav1.DeleteOptions{}); err != nil {
 				b.Fatal(err)
 			}

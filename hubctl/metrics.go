@@ -36,6 +36,7 @@ type Metrics struct {
 	withdrawals       *prometheus.CounterVec
 	placementRefusals *prometheus.CounterVec
 	withdrawalsHeld   prometheus.Gauge
+	placementsRefused prometheus.Gauge
 	sweepPolicies     *prometheus.CounterVec
 }
 
@@ -118,6 +119,10 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "galactic_hub_placement_withdrawals_held",
 			Help: "Live networks with a location that would be withdrawn but is held, because their contexts could not be read past the cache.",
 		}),
+		placementsRefused: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "galactic_hub_placements_refused",
+			Help: "Live networks whose placement is refused now, for any cause of galactic_hub_placement_refusals_total: not placed where they run, or not recorded on the identity.",
+		}),
 		sweepPolicies: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "galactic_hub_startup_sweep_policies_total",
 			Help: "Placement policies the startup sweep looked at, each counted once by result: live, removed (its network gone: collected), legacy_removed (the older per-location form), error.",
@@ -142,7 +147,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	m.sweep.WithLabelValues("live")
 	for _, c := range []prometheus.Collector{m.releases, m.refused, m.sweep, m.quotaRefusals, m.identitiesMade, m.unclaimed, m.leader,
 		m.restored, m.refusals, m.refusedNets, m.lease, m.leaseKnown, m.minLease, m.held, m.blind,
-		m.placementsWritten, m.withdrawals, m.placementRefusals, m.withdrawalsHeld, m.sweepPolicies} {
+		m.placementsWritten, m.withdrawals, m.placementRefusals, m.withdrawalsHeld, m.placementsRefused, m.sweepPolicies} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -206,7 +211,8 @@ func Withdrawals(m *Metrics, reason string) prometheus.Collector {
 func PlacementRefusals(m *Metrics, cause string) prometheus.Collector {
 	return m.placementRefusals.WithLabelValues(cause)
 }
-func WithdrawalsHeld(m *Metrics) prometheus.Collector { return m.withdrawalsHeld }
+func WithdrawalsHeld(m *Metrics) prometheus.Collector   { return m.withdrawalsHeld }
+func PlacementsRefused(m *Metrics) prometheus.Collector { return m.placementsRefused }
 func SweepPolicies(m *Metrics, result string) prometheus.Collector {
 	return m.sweepPolicies.WithLabelValues(result)
 }

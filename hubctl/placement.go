@@ -473,12 +473,17 @@ func (p *Placer) RemoveLegacy(ctx context.Context) (removed, failed int) {
 	return removed, failed
 }
 
-// forget drops what this instance remembers of network key.
+// forget drops what this instance remembers of network key: it is gone.
 func (p *Placer) forget(key Key) {
 	p.mu.Lock()
 	delete(p.applied, key)
 	delete(p.refused, key)
 	delete(p.held, key)
+	refused, held := len(p.refused), len(p.held)
+	if p.metrics != nil {
+		p.metrics.placementsRefused.Set(float64(refused))
+		p.metrics.withdrawalsHeld.Set(float64(held))
+	}
 	p.mu.Unlock()
 }
 
@@ -511,11 +516,10 @@ func (p *Placer) setHeld(ctx context.Context, key Key, err error) {
 	} else {
 		delete(p.held, key)
 	}
-	n := len(p.held)
-	p.mu.Unlock()
 	if p.metrics != nil {
-		p.metrics.withdrawalsHeld.Set(float64(n))
+		p.metrics.withdrawalsHeld.Set(float64(len(p.held)))
 	}
+	p.mu.Unlock()
 	switch {
 	case err != nil && !was:
 		p.log.Warn("withdrawal held: nothing withdrawn until the contexts can be read", "network", key.String(), "error", err)
@@ -536,6 +540,9 @@ func (p *Placer) refuse(ctx context.Context, key Key, cause string, err error) {
 	}
 	seen := causes[cause]
 	causes[cause] = true
+	if p.metrics != nil {
+		p.metrics.placementsRefused.Set(float64(len(p.refused)))
+	}
 	p.mu.Unlock()
 	if seen {
 		return
@@ -550,9 +557,16 @@ func (p *Placer) refuse(ctx context.Context, key Key, cause string, err error) {
 func (p *Placer) clearRefused(key Key, cause string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if _, ok := p.refused[key]; !ok {
+		return
+	}
 	delete(p.refused[key], cause)
 	if len(p.refused[key]) == 0 {
 		delete(p.refused, key)
+	}
+	// Under the lock, so that the last count written is the last made.
+	if p.metrics != nil {
+		p.metrics.placementsRefused.Set(float64(len(p.refused)))
 	}
 }
 
