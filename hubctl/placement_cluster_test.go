@@ -484,3 +484,21 @@ func TestAPolicyWithoutTheLabelIsNeverTouched(t *testing.T) {
 		t.Fatalf("the policy without the label was written: labels %v, locations %v", after.GetLabels(), policyLocations(after))
 	}
 }
+
+// TestALongNetworkNameIsPlacedUnderAHashedPolicyName: a network whose
+// policy name would pass 253 characters is placed under the hashed name
+// and unplaced with it.
+func TestALongNetworkNameIsPlacedUnderAHashedPolicyName(t *testing.T) {
+	h := newHub(t, 10)
+	h.start(t, "", "")
+	ns, name := placeNS("long"), strings.Repeat("n", 240)
+	policy := hubctl.PolicyName(ns, name)
+	if strings.Contains(policy, name) {
+		t.Fatalf("policy name %q is not hashed", policy)
+	}
+	h.network(t, ns, name)
+	h.context(t, ns, "ctx", name, "dfw")
+	h.placedAt(t, ns, name, "dfw")
+	h.cluster.Delete(t, hubctl.NetworkResource, ns, name)
+	waitFor(t, "the hashed policy removed", func() bool { return !h.policyExists(t, policy) })
+}

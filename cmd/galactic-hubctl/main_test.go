@@ -47,6 +47,8 @@ func TestBadFlagsAndEnvironmentAreRefused(t *testing.T) {
 	}{
 		{nil, map[string]string{"GALACTIC_KUBE_API_QPS": "fast"}, "GALACTIC_KUBE_API_QPS"},
 		{[]string{"--kube-api-burst=0"}, nil, "--kube-api-burst"},
+		{[]string{"--placement=argo"}, nil, "want karmada or none"},
+		{nil, map[string]string{"GALACTIC_PLACEMENT": "Karmada"}, "want karmada or none"},
 		{[]string{"--leader-elect-lease-duration=2s", "--leader-elect-renew-deadline=2s", "--leader-elect-retry-period=1s"}, nil, "--leader-elect-lease-duration"},
 		{[]string{"--leader-elect-renew-deadline=1s", "--leader-elect-retry-period=1s"}, nil, "--leader-elect-renew-deadline"},
 		{nil, map[string]string{"GALACTIC_LEADER_ELECT_RETRY_PERIOD": "0s"}, "--leader-elect-retry-period"},
