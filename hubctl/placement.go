@@ -269,7 +269,15 @@ func (p *Placer) Place(ctx context.Context, key Key) error {
 	} else {
 		err = p.apply(ctx, key, name, policy, found, want)
 	}
-	return errors.Join(heldErr, err)
+	if heldErr != nil && err != nil {
+		// Retried with backoff for the read, not slowly for the refusal:
+		// the refusal is named already, and stays in the message.
+		return fmt.Errorf("%w; and: %v", heldErr, err)
+	}
+	if heldErr != nil {
+		return heldErr
+	}
+	return err
 }
 
 // placed is where network key's identity is placed, as far as anything
