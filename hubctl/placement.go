@@ -272,7 +272,7 @@ func (p *Placer) Place(ctx context.Context, key Key) error {
 	if heldErr != nil && err != nil {
 		// Retried with backoff for the read, not slowly for the refusal:
 		// the refusal is named already, and stays in the message.
-		return fmt.Errorf("%w; and: %v", heldErr, err)
+		return fmt.Errorf("%w; and: %s", heldErr, err.Error())
 	}
 	if heldErr != nil {
 		return heldErr
