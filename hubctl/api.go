@@ -95,6 +95,8 @@ func (e *AllocationRetainedError) Error() string {
 type Network struct {
 	Namespace, Name string
 	UID             types.UID
+	// Deleting: it has a deletionTimestamp; its finalizers tear it down.
+	Deleting bool
 }
 
 // FabricIdentity is a NetworkFabricIdentity: the object that gives a

@@ -354,6 +354,8 @@ type startOpts struct {
 	// wraps); noPlacement runs the controller with NoPlacement.
 	placementAPI func(hubctl.PlacementAPI) hubctl.PlacementAPI
 	noPlacement  bool
+	// placementCache wraps the caches placement reads.
+	placementCache func(hubctl.PlacementCache) hubctl.PlacementCache
 }
 
 // startOpts runs a controller as the command wires it: informers over
@@ -414,7 +416,11 @@ func (h *hub) startOpts(t testing.TB, id, lease string, o startOpts) *instance {
 		if o.placementAPI != nil {
 			papi = o.placementAPI(kube)
 		}
-		place, placementSynced = hubctl.NewPlacer(papi, in.placement, cfg.Fence, m, testLog()), in.placement.HasSynced
+		var pcache hubctl.PlacementCache = in.placement
+		if o.placementCache != nil {
+			pcache = o.placementCache(in.placement)
+		}
+		place, placementSynced = hubctl.NewPlacer(papi, pcache, cfg.Fence, m, testLog()), in.placement.HasSynced
 	}
 	in.ctl = hubctl.New(api, in.networks, place, m, testLog(), cfg)
 	ctx, cancel := context.WithCancel(context.Background())

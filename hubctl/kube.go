@@ -216,7 +216,7 @@ func (k *Kube) GetNetwork(ctx context.Context, ns, name string) (Network, error)
 	if err != nil {
 		return Network{}, err
 	}
-	return Network{Namespace: ns, Name: name, UID: u.GetUID()}, nil
+	return Network{Namespace: ns, Name: name, UID: u.GetUID(), Deleting: u.GetDeletionTimestamp() != nil}, nil
 }
 
 // listPageSize is how many networks one page of ListNetworkKeys asks for:

@@ -130,6 +130,8 @@ type PlacementAPI interface {
 	// contexts past any cache, in one consistent read: a context being
 	// deleted counts.
 	NetworkLocations(ctx context.Context, namespace, name string) ([]string, error)
+	// GetNetwork reads the network past any cache.
+	GetNetwork(ctx context.Context, namespace, name string) (Network, error)
 	// CreatePolicy creates the policy placing network key's identity at
 	// locations; ErrExists when its name is taken, and nothing written.
 	CreatePolicy(ctx context.Context, key Key, locations []string) error
@@ -250,6 +252,24 @@ func (p *Placer) Place(ctx context.Context, key Key) error {
 		// withdraws nothing, and what the cache adds is still placed.
 		rctx, cancel := context.WithTimeout(ctx, contextsReadTimeout)
 		fresh, err := p.api.NetworkLocations(rctx, key.Namespace, key.Name)
+		if err == nil {
+			// Then the network, past the cache too: a network's finalizer
+			// deletes its contexts only after its deletionTimestamp is set,
+			// so a read made after the contexts' sees it, however the
+			// network cache lags the context cache. Being deleted or gone,
+			// it keeps its placement (rule 7); gone, its collect unplaces
+			// it.
+			var n Network
+			n, err = p.api.GetNetwork(rctx, key.Namespace, key.Name)
+			switch {
+			case errors.Is(err, ErrNotFound), err == nil && n.Deleting:
+				cancel()
+				p.setHeld(ctx, key, nil)
+				return nil
+			case err != nil:
+				err = fmt.Errorf("read network: %w", err)
+			}
+		}
 		cancel()
 		if err != nil {
 			heldErr = fmt.Errorf("place %s: withdrawing %v: %w: %w", key, missing(placed, want), ErrWithdrawalHeld, err)

@@ -340,6 +340,60 @@ func TestANetworkBeingDeletedKeepsItsPlacement(t *testing.T) {
 	})
 }
 
+// unseenDeletion is a network cache that has not seen any network's
+// deletionTimestamp: the informer of networks lagging the informer of
+// contexts, an order of events the API server does not promise and a test
+// cannot make it produce.
+type unseenDeletion struct{ hubctl.PlacementCache }
+
+func (unseenDeletion) Deleting(string, string) bool { return false }
+
+// networkReads counts placement's reads of networks past the cache, once
+// each has been answered.
+type networkReads struct {
+	hubctl.PlacementAPI
+	n *atomic.Int64
+}
+
+func (r networkReads) GetNetwork(ctx context.Context, ns, name string) (hubctl.Network, error) {
+	defer r.n.Add(1)
+	return r.PlacementAPI.GetNetwork(ctx, ns, name)
+}
+
+// TestANetworkBeingDeletedKeepsItsPlacementWhenTheCacheHasNotSeenIt: the
+// contexts' deletes reach the hub before the network's deletionTimestamp
+// does; the read past the cache that a withdrawal waits on reads the
+// network too, and finds it being deleted.
+func TestANetworkBeingDeletedKeepsItsPlacementWhenTheCacheHasNotSeenIt(t *testing.T) {
+	h := newHub(t, 10)
+	var reads atomic.Int64
+	in := h.startOpts(t, "", "", startOpts{
+		placementCache: func(c hubctl.PlacementCache) hubctl.PlacementCache { return unseenDeletion{c} },
+		placementAPI:   func(a hubctl.PlacementAPI) hubctl.PlacementAPI { return networkReads{a, &reads} },
+	})
+	ns := placeNS("unseen")
+	h.cluster.Apply(t, hubctl.NetworkResource, &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "networking.datumapis.com/v1alpha", "kind": "Network",
+		"metadata": map[string]any{"namespace": ns, "name": "net", "finalizers": []any{"test.galactic/teardown"}}, "spec": map[string]any{},
+	}})
+	t.Cleanup(func() {
+		_, _ = h.dyn.Resource(hubctl.NetworkResource).Namespace(ns).Patch(context.Background(), "net", types.MergePatchType,
+			[]byte(`{"metadata":{"finalizers":null}}`), metav1.PatchOptions{})
+	})
+	h.context(t, ns, "net-dfw", "net", "dfw")
+	h.placedAt(t, ns, "net", "dfw")
+	if err := h.dyn.Resource(hubctl.NetworkResource).Namespace(ns).Delete(context.Background(), "net", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.cluster.Delete(t, hubctl.ContextResource, ns, "net-dfw")
+	waitFor(t, "the context's delete in the hub's cache", func() bool { return len(in.placement.Locations(ns, "net")) == 0 })
+	waitFor(t, "the withdrawal's read of the network", func() bool { return reads.Load() > 0 })
+	time.Sleep(200 * time.Millisecond) // what the reconcile does next, if anything
+	if at, ok := h.policyOf(t, ns, "net"); !ok || !slices.Equal(at, []string{"dfw"}) {
+		t.Fatalf("policy of a network being deleted, unseen by the cache: %v, %v; want it kept at dfw", at, ok)
+	}
+}
+
 // TestTheSweepRemovesWhatAGoneNetworksPolicyLeftAndNothingElse: at start,
 // a labelled policy whose network is gone (a hub killed between the
 // identity's delete and the unplace) is removed, an older per-location
