@@ -282,6 +282,7 @@ func (h *hub) network(t testing.TB, ns, name string) {
 	t.Cleanup(func() {
 		h.cluster.Delete(t, hubctl.NetworkResource, ns, name)
 		h.cluster.Delete(t, hubctl.FabricIdentityResource, ns, name)
+		h.cluster.Delete(t, hubctl.PolicyResource, "", hubctl.PolicyName(ns, name))
 	})
 	h.cluster.Apply(t, hubctl.NetworkResource, &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": "networking.datumapis.com/v1alpha", "kind": "Network",
@@ -406,9 +407,15 @@ func (h *hub) startOpts(t testing.TB, id, lease string, o startOpts) *instance {
 	var place hubctl.Placement = hubctl.NoPlacement{}
 	placementSynced := func() bool { return true }
 	if !o.noPlacement {
+		var placer *hubctl.Placer
 		if in.placement, err = hubctl.NewPlacementInformers(dyn, in.networks, in.identities, hubctl.PlacementEvents{
 			Context: func(ns, name string) { in.ctl.ContextChanged(ns, name) },
-			Policy:  func(ns, name string, present bool) { in.ctl.PolicyChanged(ns, name, present) },
+			Policy: func(ns, name string, present bool) {
+				if !present {
+					placer.PolicyGone(hubctl.Key{Namespace: ns, Name: name})
+				}
+				in.ctl.PolicyChanged(ns, name, present)
+			},
 		}); err != nil {
 			t.Fatal(err)
 		}
@@ -420,7 +427,8 @@ func (h *hub) startOpts(t testing.TB, id, lease string, o startOpts) *instance {
 		if o.placementCache != nil {
 			pcache = o.placementCache(in.placement)
 		}
-		place, placementSynced = hubctl.NewPlacer(papi, pcache, cfg.Fence, m, testLog()), in.placement.HasSynced
+		placer = hubctl.NewPlacer(papi, pcache, cfg.Fence, m, testLog())
+		place, placementSynced = placer, in.placement.HasSynced
 	}
 	in.ctl = hubctl.New(api, in.networks, place, m, testLog(), cfg)
 	ctx, cancel := context.WithCancel(context.Background())

@@ -629,7 +629,7 @@ func (c *Controller) collectCounted(ctx context.Context, key Key, sweep, confirm
 		gone, err := c.confirmGone(ctx, key)
 		switch {
 		case err != nil:
-			return c.failedBeforeRelease(sweep && listed != nil), fmt.Errorf("confirm %s is gone: %w", key, err)
+			return c.failedBeforeRelease(sweep && listed != nil), fmt.Errorf("confirm %s is gone: %w: %w", key, errNotUnplaced, err)
 		case !gone:
 			c.log.Info("network the cache reads as gone still lives; nothing collected", "network", key.String())
 			return networkLives, nil
@@ -649,14 +649,14 @@ func (c *Controller) collectCounted(ctx context.Context, key Key, sweep, confirm
 	// collected.
 	if c.identityMayExist(key) {
 		if err := c.api.DeleteFabricIdentity(ctx, key.Namespace, key.Name); err != nil && !errors.Is(err, ErrNotFound) {
-			return c.failedBeforeRelease(sweep && listed != nil), fmt.Errorf("delete fabric identity of %s: %w", key, err)
+			return c.failedBeforeRelease(sweep && listed != nil), fmt.Errorf("delete fabric identity of %s: %w: %w", key, errNotUnplaced, err)
 		}
 	}
 	// After the identity: a placement never outlives the object it places
 	// in the seed's order, and a crash between the two leaves a policy
 	// that selects nothing, which the next sweep removes.
 	if err := c.place.Unplace(ctx, key); err != nil {
-		return c.failedBeforeRelease(sweep && listed != nil), fmt.Errorf("unplace %s: %w", key, err)
+		return c.failedBeforeRelease(sweep && listed != nil), fmt.Errorf("%w: %w", errNotUnplaced, err)
 	}
 	name := ClaimName(key.Namespace, key.Name)
 	result, err := c.release(ctx, key, name, listed)
@@ -666,6 +666,9 @@ func (c *Controller) collectCounted(ctx context.Context, key Key, sweep, confirm
 	}
 	return result, nil
 }
+
+// errNotUnplaced: a collect failed before its placement was removed.
+var errNotUnplaced = errors.New("not unplaced")
 
 // identityMayExist: without an identity cache, every collect deletes.
 func (c *Controller) identityMayExist(key Key) bool {
@@ -1064,8 +1067,10 @@ func (c *Controller) sweepNetwork(ctx context.Context, key Key, cl *Claim, place
 	// result the release met: kept, refused, released or error.
 	_, err := c.collectCounted(ctx, key, true, true, cl)
 	if placed {
+		// The policy is removed once the collect is past its unplace,
+		// whatever the claim's release met after.
 		result := SweepPolicyRemoved
-		if err != nil {
+		if errors.Is(err, errNotUnplaced) {
 			result = ReleaseError
 		}
 		c.countSweep(false, true, result)

@@ -108,13 +108,13 @@ func (f fencedPlacement) CreatePolicy(ctx context.Context, key Key, locations []
 }
 
 // ApplyPolicy implements PlacementAPI.
-func (f fencedPlacement) ApplyPolicy(ctx context.Context, key Key, locations []string) error {
+func (f fencedPlacement) ApplyPolicy(ctx context.Context, key Key, locations []string, resourceVersion string) error {
 	ctx, cancel, err := fenced{fence: f.fence}.hold(ctx, "apply placement policy of "+key.String())
 	if err != nil {
 		return err
 	}
 	defer cancel()
-	return f.PlacementAPI.ApplyPolicy(ctx, key, locations)
+	return f.PlacementAPI.ApplyPolicy(ctx, key, locations, resourceVersion)
 }
 
 // DeletePolicy implements PlacementAPI.

@@ -84,9 +84,12 @@ func (k *Kube) CreatePolicy(ctx context.Context, key Key, locations []string) er
 	return nil
 }
 
-// ApplyPolicy implements PlacementAPI.
-func (k *Kube) ApplyPolicy(ctx context.Context, key Key, locations []string) error {
-	body, err := json.Marshal(policyObject(key, locations))
+// ApplyPolicy implements PlacementAPI: the resourceVersion in the applied
+// object is a precondition (409 Conflict when the object changed since).
+func (k *Kube) ApplyPolicy(ctx context.Context, key Key, locations []string, resourceVersion string) error {
+	obj := policyObject(key, locations)
+	obj["metadata"].(map[string]any)["resourceVersion"] = resourceVersion
+	body, err := json.Marshal(obj)
 	if err != nil {
 		return err
 	}
@@ -271,8 +274,11 @@ func NewPlacementInformers(dyn dynamic.Interface, networks *NetworkInformer, ide
 	onPolicy := func(present bool) func(any) {
 		return func(obj any) {
 			if u, ok := unwrap(obj); ok {
+				// One being deleted (Karmada's finalizer holds every policy
+				// its webhook admitted) is as good as gone: its
+				// deletionTimestamp is not a new policy to collect for.
 				if p := policyFrom(u); p.Selects {
-					on.Policy(p.Identity.Namespace, p.Identity.Name, present)
+					on.Policy(p.Identity.Namespace, p.Identity.Name, present && !p.Deleting)
 				}
 			}
 		}

@@ -137,8 +137,9 @@ type PlacementAPI interface {
 	CreatePolicy(ctx context.Context, key Key, locations []string) error
 	// ApplyPolicy writes by server-side apply, taking ownership of every
 	// field it sets, the policy placing network key's identity at
-	// locations.
-	ApplyPolicy(ctx context.Context, key Key, locations []string) error
+	// locations, only over the policy at resourceVersion (else a
+	// conflict): the one read as this identity's.
+	ApplyPolicy(ctx context.Context, key Key, locations []string, resourceVersion string) error
 	// DeletePolicy deletes the policy name only if its UID is uid (else
 	// ErrPrecondition).
 	DeletePolicy(ctx context.Context, name string, uid types.UID) error
@@ -234,19 +235,24 @@ func (p *Placer) Place(ctx context.Context, key Key) error {
 	policy, found := p.cache.Policy(name)
 	switch {
 	case found && policy.Deleting:
-		// Karmada's finalizers hold it; a new one is written once it is
-		// gone, and its delete wakes the network.
-		return fmt.Errorf("policy %s of %s is being deleted; placing once it is gone", name, key)
+		// Karmada's finalizers hold it; its delete wakes the network
+		// (PolicyChanged), which is placed afresh then.
+		p.log.Debug("placement policy being deleted; placing once it is gone", "network", key.String(), "policy", name)
+		return nil
 	case found && !policy.selects(key):
 		err := fmt.Errorf("policy %s is not the placement of %s: it selects %s; not overwritten", name, key, selected(policy))
 		p.refuse(ctx, key, CausePolicyTaken, err)
 		return &ConfigError{Cause: CausePolicyTaken, Err: err}
+	case found:
+		p.clearRefused(key, CausePolicyTaken)
 	}
-	p.clearRefused(key, CausePolicyTaken)
 	placed := p.placed(key, policy, found)
 	want := normalize(p.cache.Locations(key.Namespace, key.Name))
 	var heldErr error
-	if len(missing(placed, want)) > 0 {
+	confirmed := false
+	// A policy found is deleted only on a read too, whatever its
+	// locations parse as.
+	if len(missing(placed, want)) > 0 || (found && len(want) == 0) {
 		// A location would be withdrawn: only a successful read of the
 		// contexts, past the cache, may say so. A failed or slow one
 		// withdraws nothing, and what the cache adds is still placed.
@@ -276,7 +282,7 @@ func (p *Placer) Place(ctx context.Context, key Key) error {
 			want = normalize(append(want, placed...))
 			p.setHeld(ctx, key, heldErr)
 		} else {
-			want = normalize(fresh)
+			want, confirmed = normalize(fresh), true
 		}
 	}
 	if heldErr == nil {
@@ -284,10 +290,14 @@ func (p *Placer) Place(ctx context.Context, key Key) error {
 	}
 	want = p.placeable(ctx, key, want)
 	var err error
-	if len(want) == 0 {
-		err = p.unplaceLive(ctx, key, name, policy, found)
-	} else {
-		err = p.apply(ctx, key, name, policy, found, want)
+	switch {
+	case len(want) == 0 && found && !confirmed:
+		// Nothing placeable is left only because the read failed and what
+		// is placed cannot be placed again: the policy stays.
+	case len(want) == 0:
+		err = p.unplaceLive(ctx, key, name, policy, found, placed)
+	default:
+		err = p.apply(ctx, key, name, policy, found, want, placed)
 	}
 	if heldErr != nil && err != nil {
 		// Retried with backoff for the read, not slowly for the refusal:
@@ -338,16 +348,21 @@ func (p *Placer) placeable(ctx context.Context, key Key, want []string) []string
 
 // apply writes the policy and the identity's labels when they differ from
 // want.
-func (p *Placer) apply(ctx context.Context, key Key, name string, policy PlacementPolicy, found bool, want []string) error {
+func (p *Placer) apply(ctx context.Context, key Key, name string, policy PlacementPolicy, found bool, want, placed []string) error {
 	if !found || !policy.Overwrite || !slices.Equal(normalize(policy.Locations), want) {
-		// Applied only over a policy the cache shows this identity's: one it
-		// does not show may be a policy without the label that holds the
-		// name, and a create, unlike an apply, cannot touch it.
-		write := p.api.ApplyPolicy
-		if !found {
-			write = p.api.CreatePolicy
+		// Applied only over the policy the cache shows this identity's, at
+		// the version read: one it does not show may be a policy without
+		// the label that holds the name, and a create, unlike an apply,
+		// cannot touch it; one changed since (deleted, and the name taken
+		// by another network's) is a conflict, decided again once the
+		// cache has it.
+		var err error
+		if found {
+			err = p.api.ApplyPolicy(ctx, key, want, policy.ResourceVersion)
+		} else {
+			err = p.api.CreatePolicy(ctx, key, want)
 		}
-		if err := write(ctx, key, want); err != nil {
+		if err != nil {
 			if errors.Is(err, ErrExists) && !p.wrote(key) {
 				err = fmt.Errorf("policy %s of %s: its name is held by a policy without the label %s: %w", name, key, LabelPolicy, err)
 				p.refuse(ctx, key, CausePolicyTaken, err)
@@ -360,6 +375,7 @@ func (p *Placer) apply(ctx context.Context, key Key, name string, policy Placeme
 			return fmt.Errorf("place %s at %v: %w", key, want, err)
 		}
 		p.clearRefused(key, CausePlacementRefused)
+		p.clearRefused(key, CausePolicyTaken)
 		var before []string
 		if found {
 			before = normalize(policy.Locations)
@@ -379,11 +395,14 @@ func (p *Placer) apply(ctx context.Context, key Key, name string, policy Placeme
 		}
 		p.api.Event(ctx, p.networkRef(key), false, "FabricIdentityPlaced", msg)
 	}
-	return p.label(ctx, key, want)
+	return p.label(ctx, key, want, placed)
 }
 
-// label makes the identity's location labels record exactly want.
-func (p *Placer) label(ctx context.Context, key Key, want []string) error {
+// label makes the identity's location labels record exactly want. The
+// labels of the locations placed until now and not wanted are dropped even
+// when the identity cache does not show them yet: a label written a moment
+// ago must not outlive its withdrawal.
+func (p *Placer) label(ctx context.Context, key Key, want, placed []string) error {
 	var record []string
 	for _, l := range want {
 		if len(validation.IsQualifiedName(LocationLabel(l))) > 0 {
@@ -398,7 +417,7 @@ func (p *Placer) label(ctx context.Context, key Key, want []string) error {
 		p.clearRefused(key, CauseLabelKey)
 	}
 	have := normalize(p.cache.IdentityLocations(key.Namespace, key.Name))
-	add, drop := missing(record, have), missing(have, record)
+	add, drop := missing(record, have), normalize(append(missing(have, record), missing(placed, want)...))
 	if len(add) == 0 && len(drop) == 0 {
 		return nil
 	}
@@ -411,12 +430,16 @@ func (p *Placer) label(ctx context.Context, key Key, want []string) error {
 // unplaceLive removes the placement of a live network that no location
 // needs any more; its identity stays, so that the next context finds the
 // value the fabric already knows it by.
-func (p *Placer) unplaceLive(ctx context.Context, key Key, name string, policy PlacementPolicy, found bool) error {
+func (p *Placer) unplaceLive(ctx context.Context, key Key, name string, policy PlacementPolicy, found bool, placed []string) error {
+	// Nothing is wanted, so nothing is refused.
+	p.clearRefused(key, CausePolicyTaken)
+	p.clearRefused(key, CausePlacementRefused)
 	if found {
-		if err := p.delete(ctx, key, policy); err != nil {
+		deleted, err := p.delete(ctx, key, policy)
+		if err != nil {
 			return err
 		}
-		if p.metrics != nil {
+		if deleted && p.metrics != nil {
 			p.metrics.withdrawals.WithLabelValues(WithdrawalNoLocation).Inc()
 		}
 		p.log.Info("fabric identity unplaced: no context needs it; the identity stays", "network", key.String(), "policy", name,
@@ -425,7 +448,7 @@ func (p *Placer) unplaceLive(ctx context.Context, key Key, name string, policy P
 			fmt.Sprintf("no context places the network any more: policy %s deleted, withdrawn from %s; the fabric identity stays", name, strings.Join(policy.Locations, ", ")))
 	}
 	p.setApplied(key, nil)
-	return p.label(ctx, key, nil)
+	return p.label(ctx, key, nil, placed)
 }
 
 // Unplace implements Placement: the policy is deleted when it is this
@@ -444,7 +467,8 @@ func (p *Placer) Unplace(ctx context.Context, key Key) error {
 			"selects", selected(policy))
 		return nil
 	}
-	if err := p.delete(ctx, key, policy); err != nil {
+	deleted, err := p.delete(ctx, key, policy)
+	if err != nil || !deleted {
 		return err
 	}
 	if p.metrics != nil {
@@ -455,19 +479,28 @@ func (p *Placer) Unplace(ctx context.Context, key Key) error {
 }
 
 // delete deletes policy, which places key's identity, if it is still the
-// object the cache read.
-func (p *Placer) delete(ctx context.Context, key Key, policy PlacementPolicy) error {
+// object the cache read, and reports whether this delete removed it (not:
+// it was gone already).
+func (p *Placer) delete(ctx context.Context, key Key, policy PlacementPolicy) (bool, error) {
 	err := p.api.DeletePolicy(ctx, policy.Name, policy.UID)
 	switch {
-	case err == nil, errors.Is(err, ErrNotFound):
-		return nil
+	case err == nil:
+		return true, nil
+	case errors.Is(err, ErrNotFound):
+		return false, nil
 	case errors.Is(err, ErrPrecondition):
 		// Re-created since the cache read it: the new one is decided on
 		// when the cache holds it, which wakes the network.
-		return fmt.Errorf("unplace %s: policy %s was re-created since it was read: %w", key, policy.Name, err)
+		return false, fmt.Errorf("unplace %s: policy %s was re-created since it was read: %w", key, policy.Name, err)
 	}
-	return fmt.Errorf("unplace %s: delete policy %s: %w", key, policy.Name, err)
+	return false, fmt.Errorf("unplace %s: delete policy %s: %w", key, policy.Name, err)
 }
+
+// PolicyGone is told that network key's policy left the policy cache
+// (deleted, being deleted, or its label removed): what this instance wrote
+// is no longer there, so a create that finds the name taken is not its own
+// write met again.
+func (p *Placer) PolicyGone(key Key) { p.setApplied(key, nil) }
 
 // Placed implements Placement.
 func (p *Placer) Placed() []Key {

@@ -193,19 +193,27 @@ func runEnv(ctx context.Context, args, environ []string, stdout, stderr io.Write
 	}
 	leases := hubctl.NewLeaseWatcher(dyn, *className, metrics)
 	var place hubctl.Placement = hubctl.NoPlacement{}
+	var placer *hubctl.Placer
+	var placementInformers *hubctl.PlacementInformers
 	placementSynced := func() bool { return true }
 	if *placement == "karmada" {
-		infs, err := hubctl.NewPlacementInformers(dyn, networks, identities, hubctl.PlacementEvents{
+		placementInformers, err = hubctl.NewPlacementInformers(dyn, networks, identities, hubctl.PlacementEvents{
 			Context: func(ns, name string) { ctl.ContextChanged(ns, name) },
-			Policy:  func(ns, name string, present bool) { ctl.PolicyChanged(ns, name, present) },
+			Policy: func(ns, name string, present bool) {
+				if !present {
+					placer.PolicyGone(hubctl.Key{Namespace: ns, Name: name})
+				}
+				ctl.PolicyChanged(ns, name, present)
+			},
 		})
 		if err != nil {
 			return err
 		}
-		go infs.Run(ctx)
-		place, placementSynced = hubctl.NewPlacer(kube, infs, fence, metrics, log), infs.HasSynced
+		placer = hubctl.NewPlacer(kube, placementInformers, fence, metrics, log)
+		place, placementSynced = placer, placementInformers.HasSynced
 	}
-	// The informers' handlers call ctl only once they run, after this.
+	// The informers' handlers call ctl and placer only once they run,
+	// after this.
 	ctl = hubctl.New(kube, networks, place, metrics, log,
 		hubctl.Config{PlatformNamespace: *platform, ClassName: *className, Workers: *workers, Fence: fence,
 			Claims: claims, Allocations: allocations, Identities: identities,
@@ -214,6 +222,9 @@ func runEnv(ctx context.Context, args, environ []string, stdout, stderr io.Write
 	go claims.Run(ctx)
 	go allocations.Run(ctx)
 	go identities.Run(ctx)
+	if placementInformers != nil {
+		go placementInformers.Run(ctx)
+	}
 	logLease := func(l hubctl.RetentionLease, err error) {
 		if err != nil {
 			log.Warn("retention lease of the claims cannot be read; releases are held", "error", err)
