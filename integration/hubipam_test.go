@@ -192,7 +192,9 @@ func TestANetworkRecreatedBetweenTheReadAndTheDeleteEndsWithItsClaimAgainstIpam(
 	claims := proxied.Resource(hubctl.ClaimResource).Namespace(s.platform)
 	// Once: the hook's own delete of the old claim comes through it too.
 	var hooked atomic.Bool
-	var recreated string
+	// Written by the proxy's handler, read by the test: atomic.
+	var recreated atomic.Value
+	recreated.Store("")
 	s.svc.SetBeforeClaimDelete(func(_, name string) {
 		if name != claimName || !hooked.CompareAndSwap(false, true) {
 			return
@@ -216,7 +218,7 @@ func TestANetworkRecreatedBetweenTheReadAndTheDeleteEndsWithItsClaimAgainstIpam(
 				t.Errorf("make the claim anew: %v", err)
 				return
 			}
-			recreated = string(c.GetUID())
+			recreated.Store(string(c.GetUID()))
 			s.cluster.Apply(t, hubctl.FabricIdentityResource, &unstructured.Unstructured{Object: map[string]any{
 				"apiVersion": "cloud.datumapis.com/v1alpha1", "kind": "NetworkFabricIdentity",
 				"metadata": map[string]any{"namespace": team, "name": "net-a"},
@@ -229,7 +231,7 @@ func TestANetworkRecreatedBetweenTheReadAndTheDeleteEndsWithItsClaimAgainstIpam(
 	var claim *unstructured.Unstructured
 	s.await("the live network's claim bound again", time.Minute, func() bool {
 		claim, err = s.claim(team, "net-a")
-		if err != nil || recreated == "" || string(claim.GetUID()) == recreated {
+		if err != nil || recreated.Load() == "" || string(claim.GetUID()) == recreated.Load() {
 			return false
 		}
 		phase, _, _ := unstructured.NestedString(claim.Object, "status", "phase")
