@@ -233,28 +233,26 @@ func NewPlacementInformers(dyn dynamic.Interface, networks *NetworkInformer, ide
 		return nil, err
 	}
 	if err := contexts.AddIndexers(cache.Indexers{networkIndex: func(obj any) ([]string, error) {
-		u, ok := obj.(*unstructured.Unstructured)
-		if !ok {
-			return nil, nil
+		if k, ok := networkOfContext(obj); ok {
+			return []string{k.String()}, nil
 		}
-		network, _ := contextOf(u)
-		return []string{u.GetNamespace() + "/" + network}, nil
+		return nil, nil
 	}}); err != nil {
 		return nil, fmt.Errorf("network context informer: %w", err)
 	}
 	onContext := func(obj any) {
-		if u, ok := unwrap(obj); ok {
-			network, _ := contextOf(u)
-			on.Context(u.GetNamespace(), network)
+		if k, ok := networkOfContext(obj); ok {
+			on.Context(k.Namespace, k.Name)
 		}
 	}
 	if _, err := contexts.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: onContext, DeleteFunc: onContext,
 		UpdateFunc: func(old, n any) {
 			onContext(n)
-			if o, ok := unwrap(old); ok {
-				if u, ok := unwrap(n); !ok || func() bool { a, _ := contextOf(o); b, _ := contextOf(u); return a != b }() {
-					onContext(old)
+			// A context moved to another network leaves the old one too.
+			if was, ok := networkOfContext(old); ok {
+				if now, _ := networkOfContext(n); now != was {
+					on.Context(was.Namespace, was.Name)
 				}
 			}
 		},
@@ -289,6 +287,17 @@ func NewPlacementInformers(dyn dynamic.Interface, networks *NetworkInformer, ide
 		return nil, fmt.Errorf("policy informer: %w", err)
 	}
 	return &PlacementInformers{contexts: contexts, policies: policies, networks: networks, identities: identities}, nil
+}
+
+// networkOfContext is the network a context (an informer's object or
+// tombstone) places.
+func networkOfContext(obj any) (Key, bool) {
+	u, ok := unwrap(obj)
+	if !ok {
+		return Key{}, false
+	}
+	network, _ := contextOf(u)
+	return Key{u.GetNamespace(), network}, true
 }
 
 // unwrap is the object of an informer event, a tombstone's too.
@@ -347,9 +356,6 @@ func (p *PlacementInformers) Policies() []PlacementPolicy {
 	}
 	return out
 }
-
-// PolicyCount is how many labelled policies are cached.
-func (p *PlacementInformers) PolicyCount() int { return len(p.policies.GetStore().ListKeys()) }
 
 // IdentityLocations implements PlacementCache.
 func (p *PlacementInformers) IdentityLocations(namespace, name string) []string {

@@ -63,60 +63,83 @@ type hubProc struct {
 	metrics string // host:port of /metrics, /readyz, /status
 }
 
+// hubRun is a hubProc whose process the test may kill.
+type hubRun struct {
+	*hubProc
+	cmd    *exec.Cmd
+	exited chan struct{}
+}
+
 // start runs the built binary against the service, scoped to project (""
 // for a kubeconfig that reaches the service unscoped).
 func (s *ipamScene) start(project string) *hubProc {
+	return s.run(project, "ipam-"+project+"-"+s.platform).hubProc
+}
+
+// run is start as instance id, with extra flags.
+func (s *ipamScene) run(project, id string, extra ...string) *hubRun {
 	t := s.t
 	t.Helper()
-	p := &hubProc{log: &syncbuf.Buffer{}}
+	r := &hubRun{hubProc: &hubProc{log: &syncbuf.Buffer{}}, exited: make(chan struct{})}
 	addr := make(chan string, 1)
-	cmd := exec.Command(hubctlBin(t), "--kubeconfig", writeKubeconfig(t, s.svc.Config(project)), "--platform-namespace", s.platform,
-		"--id", "ipam-"+project+"-"+s.platform, "--listen", "127.0.0.1:0", "--log-format", "json", "--workers", "4")
-	cmd.Env = cleanEnv()
-	stderr, err := cmd.StderrPipe()
+	args := append([]string{"--kubeconfig", writeKubeconfig(t, s.svc.Config(project)), "--platform-namespace", s.platform,
+		"--id", id, "--listen", "127.0.0.1:0", "--log-format", "json", "--workers", "4"}, extra...)
+	r.cmd = exec.Command(hubctlBin(t), args...)
+	r.cmd.Env = cleanEnv()
+	stderr, err := r.cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd.Stdout = p.log
-	if err := cmd.Start(); err != nil {
+	r.cmd.Stdout = r.log
+	if err := r.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	exited := make(chan struct{})
 	go func() {
 		sc := bufio.NewScanner(stderr)
 		sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
 		for sc.Scan() {
 			line := sc.Bytes()
-			_, _ = p.log.Write(append(line, '\n'))
+			_, _ = r.log.Write(append(line, '\n'))
 			var m struct{ Msg, Address string }
 			if json.Unmarshal(line, &m) == nil && m.Msg == "serving metrics and health" {
 				addr <- m.Address
 			}
 		}
 		_, _ = io.Copy(io.Discard, stderr)
-		_ = cmd.Wait()
-		close(exited)
+		_ = r.cmd.Wait()
+		close(r.exited)
 	}()
 	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
+		_ = r.cmd.Process.Signal(syscall.SIGTERM)
 		select {
-		case <-exited:
+		case <-r.exited:
 		case <-time.After(time.Minute):
-			_ = cmd.Process.Kill()
-			<-exited
+			_ = r.cmd.Process.Kill()
+			<-r.exited
 		}
 		if t.Failed() {
-			t.Logf("galactic-hubctl log:\n%s", tail(p.log.String(), 60))
+			t.Logf("galactic-hubctl (--id %s) log:\n%s", id, tail(r.log.String(), 60))
 		}
 	})
 	select {
-	case p.metrics = <-addr:
-	case <-exited:
-		t.Fatalf("galactic-hubctl exited:\n%s", p.log.String())
+	case r.metrics = <-addr:
+	case <-r.exited:
+		t.Fatalf("galactic-hubctl exited:\n%s", r.log.String())
 	case <-time.After(time.Minute):
-		t.Fatalf("galactic-hubctl did not serve metrics:\n%s", p.log.String())
+		t.Fatalf("galactic-hubctl did not serve metrics:\n%s", r.log.String())
 	}
-	return p
+	return r
+}
+
+// kill ends the hub with SIGKILL: no deferred work, no lease released.
+func (r *hubRun) kill(t *testing.T) {
+	t.Helper()
+	_ = r.cmd.Process.Kill()
+	select {
+	case <-r.exited:
+	case <-time.After(30 * time.Second):
+		t.Fatal("galactic-hubctl did not exit on SIGKILL")
+	}
 }
 
 func (p *hubProc) get(path string) (int, string) {

@@ -1,18 +1,14 @@
 package integration
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
-	"os/exec"
 	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -24,7 +20,6 @@ import (
 
 	"github.com/datum-cloud/galactic-node/hubctl"
 	"github.com/datum-cloud/galactic-node/internal/ipamtest"
-	"github.com/datum-cloud/galactic-node/internal/syncbuf"
 )
 
 // The built galactic-hubctl placing fabric identities with Karmada
@@ -45,81 +40,6 @@ func newPlaceScene(t *testing.T) *placeScene {
 		t.Fatal(err)
 	}
 	return s
-}
-
-// hubRun is a hubProc whose process the test may kill.
-type hubRun struct {
-	*hubProc
-	cmd    *exec.Cmd
-	exited chan struct{}
-}
-
-// startRun runs the built binary against the service, scoped to the
-// platform project, as instance id, with extra flags; what names it in
-// the test's log.
-func (s *placeScene) startRun(what, id string, extra ...string) *hubRun {
-	t := s.t
-	t.Helper()
-	r := &hubRun{hubProc: &hubProc{log: &syncbuf.Buffer{}}, exited: make(chan struct{})}
-	addr := make(chan string, 1)
-	args := append([]string{"--kubeconfig", writeKubeconfig(t, s.svc.Config(ipamProject)), "--platform-namespace", s.platform,
-		"--id", id, "--listen", "127.0.0.1:0", "--log-format", "json", "--workers", "4"}, extra...)
-	r.cmd = exec.Command(hubctlBin(t), args...)
-	r.cmd.Env = cleanEnv()
-	stderr, err := r.cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	r.cmd.Stdout = r.log
-	if err := r.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
-		for sc.Scan() {
-			line := sc.Bytes()
-			_, _ = r.log.Write(append(line, '\n'))
-			var m struct{ Msg, Address string }
-			if json.Unmarshal(line, &m) == nil && m.Msg == "serving metrics and health" {
-				addr <- m.Address
-			}
-		}
-		_, _ = io.Copy(io.Discard, stderr)
-		_ = r.cmd.Wait()
-		close(r.exited)
-	}()
-	t.Cleanup(func() {
-		_ = r.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-r.exited:
-		case <-time.After(time.Minute):
-			_ = r.cmd.Process.Kill()
-			<-r.exited
-		}
-		if t.Failed() {
-			t.Logf("galactic-hubctl (%s, --id %s) log:\n%s", what, id, tail(r.log.String(), 60))
-		}
-	})
-	select {
-	case r.metrics = <-addr:
-	case <-r.exited:
-		t.Fatalf("galactic-hubctl exited:\n%s", r.log.String())
-	case <-time.After(time.Minute):
-		t.Fatalf("galactic-hubctl did not serve metrics:\n%s", r.log.String())
-	}
-	return r
-}
-
-// kill ends the hub with SIGKILL: no deferred work, no lease released.
-func (r *hubRun) kill(t *testing.T) {
-	t.Helper()
-	_ = r.cmd.Process.Kill()
-	select {
-	case <-r.exited:
-	case <-time.After(30 * time.Second):
-		t.Fatal("galactic-hubctl did not exit on SIGKILL")
-	}
 }
 
 func (s *placeScene) awaitReady(hub *hubProc) {
@@ -532,7 +452,7 @@ func TestAPolicyLeftByAHubKilledBeforeItsUnplaceIsRemovedByTheNextLeader(t *test
 	t.Cleanup(func() { _ = policies.Delete(context.Background(), unlabelled, metav1.DeleteOptions{}) })
 
 	id := "place-" + s.platform
-	first := s.startRun("the hub killed", id)
+	first := s.run(ipamProject, id)
 	s.liveNetwork(s.team, "net")
 	s.liveNetwork(s.team, "keep")
 	s.context("ctx-a", "net", "dfw")
@@ -589,7 +509,7 @@ func TestAPolicyLeftByAHubKilledBeforeItsUnplaceIsRemovedByTheNextLeader(t *test
 	}
 	t.Cleanup(func() { _ = policies.Delete(context.Background(), legacy, metav1.DeleteOptions{}) })
 
-	next := s.startRun("the next leader", id)
+	next := s.run(ipamProject, id)
 	s.await("the policy the killed hub left removed", time.Minute, func() bool { return !s.placement("net").found })
 	s.await("the older per-location policy removed", time.Minute, func() bool { return !s.policy(legacy).found })
 	s.await("the gone network's claim released", time.Minute, func() bool {
