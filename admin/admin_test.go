@@ -22,6 +22,7 @@ import (
 	"github.com/datum-cloud/galactic-node/ebpf/datapath"
 	"github.com/datum-cloud/galactic-node/internal/syncbuf"
 	"github.com/datum-cloud/galactic-node/node/attachreg"
+	"github.com/datum-cloud/galactic-node/node/dropwatch"
 	"github.com/datum-cloud/galactic-node/node/identity"
 	"github.com/datum-cloud/galactic-node/node/nodeview"
 	"github.com/datum-cloud/galactic-node/node/reclaim"
@@ -50,6 +51,11 @@ type fakeBackend struct {
 	taps atomic.Pointer[[]nodeview.TapView]
 	// notReady, when set, is what Ready returns.
 	notReady atomic.Pointer[error]
+	// drops serves the drop records the test feeds into dropFeed; nil:
+	// the node has no drop monitor.
+	drops    *dropwatch.Watch
+	dropFeed *feedSource
+	noDrops  atomic.Bool // the node has no drop monitor
 }
 
 func (f *fakeBackend) Ready(context.Context) error {
@@ -113,6 +119,52 @@ func (f *fakeBackend) InterfaceRows(ifindex uint32) (attachreg.InterfaceRows, er
 	return attachreg.InterfaceRows{Ifindex: ifindex, Rows: map[string]any{}}, nil
 }
 
+func (f *fakeBackend) RecentDrops(fl dropwatch.Filter) ([]dropwatch.Record, error) {
+	f.touched.Add(1)
+	f.calls.Add(1)
+	if f.drops == nil || f.noDrops.Load() {
+		return nil, nodeview.ErrNoDropMonitor
+	}
+	return f.drops.Recent(fl), nil
+}
+func (f *fakeBackend) FollowDrops(fl dropwatch.Filter) (*dropwatch.Follower, error) {
+	f.touched.Add(1)
+	f.calls.Add(1)
+	if f.drops == nil || f.noDrops.Load() {
+		return nil, nodeview.ErrNoDropMonitor
+	}
+	return f.drops.Follow(fl)
+}
+
+// feedSource is the drop records' Source of the fake node: the test sends
+// what the datapath's ring buffer would yield.
+type feedSource struct {
+	c    chan dropwatch.Record
+	done chan struct{}
+}
+
+func (s *feedSource) Next() (dropwatch.Record, error) {
+	select {
+	case r := <-s.c:
+		return r, nil
+	case <-s.done:
+		return dropwatch.Record{}, dropwatch.ErrClosed
+	}
+}
+func (s *feedSource) Close() error { return nil }
+
+// watchDrops gives b a drop monitor fed by the test, stopped at cleanup.
+func watchDrops(t testing.TB, b *fakeBackend, cfg dropwatch.Config) {
+	b.dropFeed = &feedSource{c: make(chan dropwatch.Record), done: make(chan struct{})}
+	cfg.Source = b.dropFeed
+	w := dropwatch.New(cfg)
+	b.drops = w
+	ctx, cancel := context.WithCancel(context.Background())
+	stopped := make(chan struct{})
+	go func() { _ = w.Run(ctx); close(stopped) }()
+	t.Cleanup(func() { cancel(); close(b.dropFeed.done); <-stopped })
+}
+
 type server struct {
 	url     string
 	backend *fakeBackend
@@ -133,6 +185,7 @@ func tokenFile(t testing.TB, content string) string {
 func start(t *testing.T, cfg admin.Config) *server {
 	t.Helper()
 	s := &server{backend: &fakeBackend{}, logs: &syncbuf.Buffer{}}
+	watchDrops(t, s.backend, dropwatch.Config{MaxFollowers: 2})
 	if cfg.Tokens == nil && cfg.Kube == nil {
 		tokens, err := admin.LoadTokenFile(tokenFile(t, "# operators\nadmin "+adminToken+"\n  # on-call\nread "+readToken+"\n"))
 		if err != nil {
@@ -182,7 +235,7 @@ func (s *server) do(t *testing.T, method, path, token string, body io.Reader, hd
 	return resp, out
 }
 
-var readRoutes = []string{"/v1/status", "/v1/taps", "/v1/taps/pending", "/v1/passes", "/v1/passes/last", "/v1/ebpf/maps", "/v1/ebpf/maps/traffic_policy", "/v1/ebpf/interfaces/7"}
+var readRoutes = []string{"/v1/status", "/v1/taps", "/v1/taps/pending", "/v1/passes", "/v1/passes/last", "/v1/ebpf/maps", "/v1/ebpf/maps/traffic_policy", "/v1/ebpf/interfaces/7", "/v1/drops"}
 
 func TestEveryRouteButHealthNeedsAToken(t *testing.T) {
 	s := start(t, admin.Config{})
@@ -434,6 +487,7 @@ var routes = []struct {
 	{"GET", "/v1/ebpf/maps", "/v1/ebpf/maps", nil},
 	{"GET", "/v1/ebpf/maps/{name}", "/v1/ebpf/maps/traffic_policy", []string{"ifindex", "limit"}},
 	{"GET", "/v1/ebpf/interfaces/{ifindex}", "/v1/ebpf/interfaces/7", nil},
+	{"GET", "/v1/drops", "/v1/drops", []string{"tap", "limit", "follow"}},
 	{"POST", "/v1/passes", "/v1/passes", []string{"dryRun"}},
 }
 

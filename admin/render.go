@@ -238,7 +238,7 @@ func dash(s string) string {
 }
 
 func tapRows(taps []nodeview.TapView) tabular {
-	t := tabular{items: taps, header: []string{"NAME", "IFINDEX", "VPC", "ATT", "OWNER", "MASTER", "HELD", "HOLDERS", "CARRIED BY", "STATE", "PROGRAM"}}
+	t := tabular{items: taps, header: []string{"NAME", "IFINDEX", "VPC", "ATT", "OWNER", "MASTER", "HELD", "HOLDERS", "CARRIED BY", "STATE", "PROGRAM", "DROPPED"}}
 	for _, v := range taps {
 		var holders, carried []string
 		for _, h := range v.Holders {
@@ -252,9 +252,29 @@ func tapRows(taps []nodeview.TapView) tabular {
 		}
 		t.rows = append(t.rows, []string{v.Name, strconv.FormatUint(uint64(v.Ifindex), 10), v.VPC, v.Attachment, dash(v.Owner),
 			dash(v.Master), strconv.FormatBool(v.Held), dash(strings.Join(holders, ",")), dash(strings.Join(carried, ",")), string(v.State),
-			programText(v.Program)})
+			programText(v.Program), droppedText(v)})
 	}
 	return t
+}
+
+// droppedText is how many of the tap's frames were dropped and why, the
+// drops an operator looks for when a VM "has no network": "0", or
+// "8 (spoofed 8)". "?" when the counters could not be read.
+func droppedText(v nodeview.TapView) string {
+	if v.Decisions == nil {
+		return "?"
+	}
+	n := v.Dropped()
+	if n == 0 {
+		return "0"
+	}
+	var why []string
+	for _, d := range []datapath.Decision{datapath.DecisionDeny, datapath.DecisionMalformed, datapath.DecisionSpoofed} {
+		if c := v.Decisions[d]; c > 0 {
+			why = append(why, fmt.Sprintf("%s %d", d, c))
+		}
+	}
+	return fmt.Sprintf("%d (%s)", n, strings.Join(why, ", "))
 }
 
 // programText names the program a tap runs: "current", or the build that

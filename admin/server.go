@@ -38,6 +38,7 @@ import (
 	"github.com/datum-cloud/galactic-node/ebpf/datapath"
 	"github.com/datum-cloud/galactic-node/internal/metricsserve"
 	"github.com/datum-cloud/galactic-node/node/attachreg"
+	"github.com/datum-cloud/galactic-node/node/dropwatch"
 	"github.com/datum-cloud/galactic-node/node/nodeview"
 	"github.com/datum-cloud/galactic-node/node/reclaim"
 )
@@ -67,6 +68,14 @@ type EBPF interface {
 	InterfaceRows(ifindex uint32) (attachreg.InterfaceRows, error)
 }
 
+// Drops answers GET /v1/drops: sampled records of dropped frames, the
+// newest kept or a live feed (node/dropwatch). Both fail when the node has
+// no drop monitor (an older kernel's program, a ring buffer missing).
+type Drops interface {
+	RecentDrops(f dropwatch.Filter) ([]dropwatch.Record, error)
+	FollowDrops(f dropwatch.Filter) (*dropwatch.Follower, error)
+}
+
 // Backend is the node as the admin API sees it, one part per concern, so
 // that each route depends only on what it serves and a test may fake one
 // concern alone. Every part is required.
@@ -75,6 +84,7 @@ type Backend struct {
 	Taps   Taps
 	Passes Passes
 	EBPF   EBPF
+	Drops  Drops
 }
 
 // BackendOf serves every concern from one value, as *nodeview.Views can.
@@ -83,8 +93,9 @@ func BackendOf(node interface {
 	Taps
 	Passes
 	EBPF
+	Drops
 }) Backend {
-	return Backend{Health: node, Taps: node, Passes: node, EBPF: node}
+	return Backend{Health: node, Taps: node, Passes: node, EBPF: node, Drops: node}
 }
 
 // Config configures the handler.
@@ -135,7 +146,7 @@ const (
 // NewHandler returns the admin API's routes. A Backend missing a part is a
 // wiring mistake, and panics here rather than on the first request.
 func NewHandler(b Backend, cfg Config) http.Handler {
-	if b.Health == nil || b.Taps == nil || b.Passes == nil || b.EBPF == nil {
+	if b.Health == nil || b.Taps == nil || b.Passes == nil || b.EBPF == nil || b.Drops == nil {
 		panic("admin: NewHandler needs every part of the Backend")
 	}
 	if cfg.MaxBodyBytes <= 0 {
@@ -169,6 +180,7 @@ func NewHandler(b Backend, cfg Config) http.Handler {
 			r.With(accepts()).Get("/ebpf/maps", h.maps)
 			r.With(accepts("ifindex", "limit")).Get("/ebpf/maps/{name}", h.mapRows)
 			r.With(accepts()).Get("/ebpf/interfaces/{ifindex}", h.interfaceRows)
+			r.With(accepts("tap", "limit", "follow")).Get("/drops", h.drops)
 		})
 		r.With(h.authorize(RoleAdmin, "create"), accepts("dryRun", "allowMassRemoval")).Post("/passes", h.force)
 	})
@@ -359,6 +371,10 @@ func (s *statusWriter) WriteHeader(code int) {
 	s.status = code
 	s.ResponseWriter.WriteHeader(code)
 }
+
+// Unwrap lets http.ResponseController reach the connection's writer: a
+// streamed answer (GET /v1/drops?follow=true) flushes and sets deadlines.
+func (s *statusWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }
 
 func (h *handler) limitBody(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -20,11 +21,12 @@ import (
 
 	"github.com/datum-cloud/galactic-node/admin"
 	"github.com/datum-cloud/galactic-node/internal/envflag"
+	"github.com/datum-cloud/galactic-node/node/dropwatch"
 )
 
 // clientCommands are the subcommands that talk to a running daemon over
 // its admin socket, as cilium-dbg does to cilium-agent.
-var clientCommands = map[string]bool{"status": true, "taps": true, "pending": true, "passes": true, "pass": true, "maps": true, "rows": true}
+var clientCommands = map[string]bool{"status": true, "taps": true, "pending": true, "passes": true, "pass": true, "maps": true, "rows": true, "drops": true}
 
 // Exit codes of the client subcommands, for scripts.
 const (
@@ -52,6 +54,9 @@ commands:
                   --allow-mass-removal releases the mass-removal brake
   maps [NAME]     the eBPF maps; with a NAME, its rows (--ifindex N, --limit N)
   rows IFINDEX    the eBPF rows of one interface
+  drops           sampled records of dropped frames, newest last (--tap NAME, --limit N);
+                  --follow (-f) keeps printing new ones until interrupted; -o json
+                  prints one JSON record per line
 
 flags:
   -o, --output table|json   output form (default table)
@@ -70,6 +75,8 @@ type clientOpts struct {
 	dryRun, allowMass *bool
 	ifindex           *uint
 	limit             *int
+	tap               *string
+	follow            *bool
 }
 
 // clientFlagSet is the flag set of client subcommand cmd; main.go lists
@@ -82,7 +89,7 @@ func clientFlagSet(cmd string, o *clientOpts) *flag.FlagSet {
 	o.socket = fs.String("socket", "/run/galactic/admin.sock", "admin socket")
 	o.tokenFile = fs.String("token-file", "", "a file holding a bearer token")
 	o.timeout = fs.Duration("timeout", 0, "give up after this long")
-	o.dryRun, o.allowMass, o.ifindex, o.limit = new(bool), new(bool), new(uint), new(int)
+	o.dryRun, o.allowMass, o.ifindex, o.limit, o.tap, o.follow = new(bool), new(bool), new(uint), new(int), new(string), new(bool)
 	switch cmd {
 	case "pass":
 		fs.BoolVar(o.dryRun, "dry-run", false, "compute and report, remove nothing")
@@ -90,6 +97,11 @@ func clientFlagSet(cmd string, o *clientOpts) *flag.FlagSet {
 	case "maps":
 		fs.UintVar(o.ifindex, "ifindex", 0, "with a map NAME: only the rows of this interface")
 		fs.IntVar(o.limit, "limit", 0, "with a map NAME: at most this many rows (the daemon's default 100, at most 10000)")
+	case "drops":
+		fs.StringVar(o.tap, "tap", "", "only the records of this tap")
+		fs.IntVar(o.limit, "limit", 0, fmt.Sprintf("at most this many of the newest kept records (0: every one the daemon keeps, at most %d)", dropwatch.DefaultKeep))
+		fs.BoolVar(o.follow, "follow", false, "keep printing new records until interrupted")
+		fs.BoolVar(o.follow, "f", false, "keep printing new records until interrupted")
 	case "passes":
 		fs.IntVar(o.limit, "limit", 0, fmt.Sprintf("at most this many reports, newest first (the daemon's default %d, at most %d)", admin.DefaultPasses, admin.MaxPasses))
 	}
@@ -132,7 +144,7 @@ func runClient(ctx context.Context, cmd string, args []string, stdout, stderr io
 		return usageErr("-o %q: want table or json", output)
 	}
 	path := map[string]string{"status": "/v1/status", "taps": "/v1/taps", "pending": "/v1/taps/pending",
-		"passes": "/v1/passes", "pass": "/v1/passes", "maps": "/v1/ebpf/maps"}[cmd]
+		"passes": "/v1/passes", "pass": "/v1/passes", "maps": "/v1/ebpf/maps", "drops": "/v1/drops"}[cmd]
 	switch {
 	case cmd == "rows" && len(positional) != 1:
 		return usageErr("rows takes one IFINDEX")
@@ -173,6 +185,15 @@ func runClient(ctx context.Context, cmd string, args []string, stdout, stderr io
 	if *o.limit != 0 {
 		query.Set("limit", strconv.Itoa(*o.limit))
 	}
+	if *o.tap != "" {
+		query.Set("tap", *o.tap)
+	}
+	if *o.follow {
+		query.Set("follow", "true")
+	}
+	if cmd == "drops" {
+		return streamDrops(ctx, c, cmd, query, output == "json", stdout, stderr)
+	}
 	if cmd == "pass" {
 		method = http.MethodPost
 		if *dryRun {
@@ -186,28 +207,8 @@ func runClient(ctx context.Context, cmd string, args []string, stdout, stderr io
 	// always ask for JSON; the lists ask the daemon for its own table.
 	wantJSON := output == "json" || cmd == "status" || cmd == "pass"
 	code, body, err := c.do(ctx, method, path, query, wantJSON)
-	if errors.Is(err, syscall.EACCES) {
-		// The socket admits root and the daemon's read group only.
-		fmt.Fprintf(stderr, "galactic-node %s: not allowed to connect to %s: run as root, or as a member of the daemon's --admin-read-group\n", cmd, *socket)
-		return exitRefused
-	}
-	if err != nil {
-		fmt.Fprintf(stderr, "galactic-node %s: %v\n", cmd, err)
-		return exitFailed
-	}
-	if code != http.StatusOK {
-		var e struct{ Error string }
-		if json.Unmarshal(body, &e) != nil || e.Error == "" {
-			e.Error = strings.TrimSpace(string(body))
-		}
-		fmt.Fprintf(stderr, "galactic-node %s: %s: %s\n", cmd, http.StatusText(code), e.Error)
-		switch code {
-		case http.StatusUnauthorized, http.StatusForbidden:
-			return exitRefused
-		case http.StatusTooManyRequests:
-			return exitRetryLater
-		}
-		return exitFailed
+	if exit, failed := requestFailed(cmd, c.socket, code, body, err, stderr); failed {
+		return exit
 	}
 	switch cmd {
 	case "status":
@@ -222,22 +223,87 @@ func runClient(ctx context.Context, cmd string, args []string, stdout, stderr io
 	return exitOK
 }
 
+// requestFailed reports a request that did not get 200 on stderr, and the
+// exit code it means; failed is false for a 200.
+func requestFailed(cmd, socket string, code int, body []byte, err error, stderr io.Writer) (exit int, failed bool) {
+	if errors.Is(err, syscall.EACCES) {
+		// The socket admits root and the daemon's read group only.
+		fmt.Fprintf(stderr, "galactic-node %s: not allowed to connect to %s: run as root, or as a member of the daemon's --admin-read-group\n", cmd, socket)
+		return exitRefused, true
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "galactic-node %s: %v\n", cmd, err)
+		return exitFailed, true
+	}
+	if code == http.StatusOK {
+		return exitOK, false
+	}
+	var e struct{ Error string }
+	if json.Unmarshal(body, &e) != nil || e.Error == "" {
+		e.Error = strings.TrimSpace(string(body))
+	}
+	fmt.Fprintf(stderr, "galactic-node %s: %s: %s\n", cmd, http.StatusText(code), e.Error)
+	switch code {
+	case http.StatusUnauthorized, http.StatusForbidden:
+		return exitRefused, true
+	case http.StatusTooManyRequests:
+		return exitRetryLater, true
+	}
+	return exitFailed, true
+}
+
+// streamDrops prints GET /v1/drops as it arrives, line by line: the
+// daemon's text lines, or with jsonLines its NDJSON records as they are.
+// --timeout bounds the wait for the answer to start, not a --follow.
+func streamDrops(ctx context.Context, c *client, cmd string, query url.Values, jsonLines bool, stdout, stderr io.Writer) int {
+	resp, cancel, err := c.open(ctx, http.MethodGet, "/v1/drops", query, jsonLines)
+	if err != nil {
+		code, _ := requestFailed(cmd, c.socket, 0, nil, err, stderr)
+		return code
+	}
+	defer cancel()
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+		code, _ := requestFailed(cmd, c.socket, resp.StatusCode, body, nil, stderr)
+		return code
+	}
+	lines := bufio.NewScanner(resp.Body)
+	lines.Buffer(make([]byte, 0, 4096), 64<<10)
+	for lines.Scan() {
+		if _, err := fmt.Fprintf(stdout, "%s\n", lines.Bytes()); err != nil {
+			return exitFailed // stdout closed: | head
+		}
+	}
+	if err := lines.Err(); err != nil && ctx.Err() == nil {
+		fmt.Fprintf(stderr, "galactic-node %s: the stream broke: %v\n", cmd, err)
+		return exitFailed
+	}
+	return exitOK
+}
+
 // client speaks HTTP to the admin socket.
 type client struct {
 	socket, token string
 	timeout       time.Duration
 }
 
-func (c *client) do(ctx context.Context, method, path string, query url.Values, wantJSON bool) (int, []byte, error) {
-	ctx, cancel := context.WithTimeout(ctx, c.timeout)
-	defer cancel()
-	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		return (&net.Dialer{}).DialContext(ctx, "unix", c.socket)
-	}}}
+// open sends a request and returns the answer as soon as its headers
+// arrive, within the client's timeout; the body may then stream for as
+// long as ctx lasts. cancel releases the request.
+func (c *client) open(ctx context.Context, method, path string, query url.Values, wantJSON bool) (*http.Response, context.CancelFunc, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	hc := &http.Client{Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", c.socket)
+		},
+		ResponseHeaderTimeout: c.timeout,
+	}}
 	u := url.URL{Scheme: "http", Host: "node", Path: path, RawQuery: query.Encode()}
 	req, err := http.NewRequestWithContext(ctx, method, u.String(), nil)
 	if err != nil {
-		return 0, nil, err
+		cancel()
+		return nil, nil, err
 	}
 	if wantJSON {
 		req.Header.Set("Accept", "application/json")
@@ -249,8 +315,20 @@ func (c *client) do(ctx context.Context, method, path string, query url.Values, 
 	}
 	resp, err := hc.Do(req)
 	if err != nil {
-		return 0, nil, fmt.Errorf("%s %s on %s: %w", method, path, c.socket, err)
+		cancel()
+		return nil, nil, fmt.Errorf("%s %s on %s: %w", method, path, c.socket, err)
 	}
+	return resp, cancel, nil
+}
+
+func (c *client) do(ctx context.Context, method, path string, query url.Values, wantJSON bool) (int, []byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
+	resp, release, err := c.open(ctx, method, path, query, wantJSON)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer release()
 	defer resp.Body.Close()
 	// The largest answer is a map dump of 10,000 rows.
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))

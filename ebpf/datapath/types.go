@@ -375,10 +375,18 @@ const (
 
 var decisionNames = []string{"allow", "deny", "host_only", "malformed", "spoofed"}
 
+// Decisions are every decision the program makes, in their numeric order.
+var Decisions = []Decision{DecisionAllow, DecisionDeny, DecisionHostOnly, DecisionMalformed, DecisionSpoofed}
+
 func (d Decision) String() string { return word(decisionNames, int(d)) }
 
 // MarshalText writes the decision as a word.
 func (d Decision) MarshalText() ([]byte, error) { return []byte(d.String()), nil }
+
+// UnmarshalText reads a decision's word, as MarshalText writes it.
+func (d *Decision) UnmarshalText(b []byte) error {
+	return unword(decisionNames, string(b), (*uint8)(d))
+}
 
 // DecisionKey is a key of the decisions counters: attributed decisions.
 type DecisionKey struct {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/datum-cloud/galactic-node/ebpf/datapath"
 	"github.com/datum-cloud/galactic-node/node/attachreg"
+	"github.com/datum-cloud/galactic-node/node/dropwatch"
 	"github.com/datum-cloud/galactic-node/node/identity"
 	"github.com/datum-cloud/galactic-node/node/inventory"
 	"github.com/datum-cloud/galactic-node/node/link"
@@ -42,6 +43,10 @@ type Views struct {
 	// descriptors needs the host PID namespace, CAP_SYS_PTRACE and
 	// CAP_DAC_READ_SEARCH; Status says when a scan misses processes.
 	Holders holder.Scanner
+	// Drops serves the sampled records of dropped frames; nil when the
+	// node has no drop monitor (DropsUnavailable says why).
+	Drops            *dropwatch.Watch
+	DropsUnavailable string
 
 	scanMu   sync.Mutex
 	lastScan holder.Scan
@@ -101,6 +106,41 @@ type TapView struct {
 	// Program is what the tap's pinned link runs; nil when none is
 	// attached.
 	Program *attachreg.Program `json:"program,omitempty"`
+	// Decisions counts the frames the program judged for the tap's
+	// identity, by decision (every decision named, zeros included): the
+	// counters are the identity's, shared by every interface registered
+	// with it, and start from zero when the identity is registered anew.
+	// nil when the counters could not be read (DecisionsError says why).
+	Decisions      map[datapath.Decision]uint64 `json:"decisions"`
+	DecisionsError string                       `json:"decisionsError,omitempty"`
+}
+
+// Dropped is how many of the tap's frames the program dropped: denied,
+// malformed or spoofed.
+func (v TapView) Dropped() uint64 {
+	return v.Decisions[datapath.DecisionDeny] + v.Decisions[datapath.DecisionMalformed] + v.Decisions[datapath.DecisionSpoofed]
+}
+
+// decisionCounts reads every identity's decision counters in one dump:
+// one syscall walk of the rows that exist, not one lookup per tap and
+// decision.
+func (v *Views) decisionCounts() (map[identity.Identity]map[datapath.Decision]uint64, error) {
+	if v.Datapath == nil {
+		return nil, errors.New("no datapath opened")
+	}
+	rows, err := v.Datapath.Decisions.Dump(0)
+	if err != nil {
+		return nil, fmt.Errorf("read decision counters: %w", err)
+	}
+	out := make(map[identity.Identity]map[datapath.Decision]uint64)
+	for _, r := range rows {
+		id := attachreg.IdentityOf(r.Key.VPC, r.Key.Attachment)
+		if out[id] == nil {
+			out[id] = map[datapath.Decision]uint64{}
+		}
+		out[id][r.Key.Decision] += r.Value
+	}
+	return out, nil
 }
 
 // Taps returns every tenant tap.
@@ -125,6 +165,7 @@ func (v *Views) Taps(ctx context.Context) ([]TapView, error) {
 	if v.Registry != nil {
 		programs, _ = v.Registry.Programs()
 	}
+	counts, countsErr := v.decisionCounts()
 	views := []TapView{}
 	for _, t := range link.TenantTaps(links) {
 		held, why := holder.Held(t)
@@ -150,6 +191,14 @@ func (v *Views) Taps(ctx context.Context) ([]TapView, error) {
 		view.State = tapState(t, view.Held, len(view.CarriedBy) > 0, tapPending)
 		if p, ok := programs[t.Index]; ok {
 			view.Program = &p
+		}
+		if countsErr != nil {
+			view.DecisionsError = countsErr.Error()
+		} else {
+			view.Decisions = make(map[datapath.Decision]uint64, len(datapath.Decisions))
+			for _, d := range datapath.Decisions {
+				view.Decisions[d] = counts[t.Identity][d]
+			}
 		}
 		views = append(views, view)
 	}
@@ -433,4 +482,36 @@ func keyIfindex(k any) uint32 {
 // InterfaceRows returns every row of one interface across the maps.
 func (v *Views) InterfaceRows(ifindex uint32) (attachreg.InterfaceRows, error) {
 	return v.Registry.Rows(ifindex)
+}
+
+// ErrNoDropMonitor: the node reads no records of dropped frames.
+var ErrNoDropMonitor = errors.New("no drop monitor on this node")
+
+func (v *Views) dropWatch() (*dropwatch.Watch, error) {
+	if v.Drops == nil {
+		why := v.DropsUnavailable
+		if why == "" {
+			why = "not started"
+		}
+		return nil, fmt.Errorf("%w: %s", ErrNoDropMonitor, why)
+	}
+	return v.Drops, nil
+}
+
+// RecentDrops returns the newest kept records of dropped frames f selects.
+func (v *Views) RecentDrops(f dropwatch.Filter) ([]dropwatch.Record, error) {
+	w, err := v.dropWatch()
+	if err != nil {
+		return nil, err
+	}
+	return w.Recent(f), nil
+}
+
+// FollowDrops starts a live feed of the records f selects.
+func (v *Views) FollowDrops(f dropwatch.Filter) (*dropwatch.Follower, error) {
+	w, err := v.dropWatch()
+	if err != nil {
+		return nil, err
+	}
+	return w.Follow(f)
 }
