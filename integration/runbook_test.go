@@ -30,7 +30,7 @@ var shBlock = regexp.MustCompile("(?ms)^([ \t]*)```sh\n(.*?)\n[ \t]*```[ \t]*$")
 
 // inlineNodeCommand is an inline code span that is a node command: the
 // text may name one only if a block runs it.
-var inlineNodeCommand = regexp.MustCompile("`((api|curl|ip|ls|pgrep) [^`]*|galactic-node (status|taps|pending|passes|pass|maps|rows)\\b[^`]*)`")
+var inlineNodeCommand = regexp.MustCompile("`((api|curl|ip|ls|pgrep) [^`]*|galactic-node (status|taps|pending|passes|pass|maps|rows|drops)\\b[^`]*)`")
 
 // podFinder is the one line that finds the galactic-node pod of $NODE.
 var podFinder = regexp.MustCompile(`^POD=\$\(kubectl .*\)$`)
