@@ -352,6 +352,9 @@ func runDaemon(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 	if err := reg.Register(ag.MapCollector()); err != nil {
 		return err
 	}
+	if err := reg.Register(ag.DecisionCollector()); err != nil {
+		return err
+	}
 
 	var servers []*http.Server
 	// stopBy bounds the whole shutdown: the pass in flight, then the

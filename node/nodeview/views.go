@@ -47,6 +47,9 @@ type Views struct {
 	// node has no drop monitor (DropsUnavailable says why).
 	Drops            *dropwatch.Watch
 	DropsUnavailable string
+	// Counters are the program's node-wide frame counters; nil reports
+	// none.
+	Counters DropCounters
 
 	scanMu   sync.Mutex
 	lastScan holder.Scan
