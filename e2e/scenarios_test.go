@@ -52,6 +52,7 @@ var scenarios = []struct {
 }{
 	{"TheDocsInstallRunsOnARealNode", (*node).scenarioTheDocsInstallRunsOnARealNode},
 	{"APodOnGalacticsNetworkGetsItsTapAndLosesItOnDelete", (*node).scenarioAPodOnGalacticsNetworkGetsItsTapAndLosesItOnDelete},
+	{"AnAttachmentWithoutAddressesIsRefusedAndSpoofingShows", (*node).scenarioAnAttachmentWithoutAddressesIsRefusedAndSpoofingShows},
 	{"TheDaemonReclaimsATapWhoseDELNeverRan", (*node).scenarioTheDaemonReclaimsATapWhoseDELNeverRan},
 	{"ARollingUpdateKeepsEveryLiveTap", (*node).scenarioARollingUpdateKeepsEveryLiveTap},
 	{"HubctlReleasesTheClaimOfADeletedNetwork", (*node).scenarioHubctlReleasesTheClaimOfADeletedNetwork},
@@ -116,14 +117,16 @@ func (n *node) scenarioAPodOnGalacticsNetworkGetsItsTapAndLosesItOnDelete(t *tes
 	n.galacticPodLifecycle(t, "vm-3", "a", "3", cniArgs("a", "3"))
 	// As it tells KubeVirt, which names a definition and passes no
 	// cni-args: a definition of the attachment's own.
-	n.applyNetworkDefinition(t, "galactic-a-6", `"vpc": "a", "vpcAttachment": "6"`)
+	n.applyNetworkDefinition(t, "galactic-a-6", `"vpc": "a", "vpcAttachment": "6", "routes": ["10.10.0.6/32"]`)
 	n.attachment(t, "att-6", "a", "6")
 	n.galacticPodLifecycle(t, "vm-6", "a", "6", "galactic-system/galactic-a-6")
 }
 
 // cniArgs names the shipped definition with the identity in cni-args.
 func cniArgs(vpc, attachment string) string {
-	return fmt.Sprintf(`[{"name": "galactic", "namespace": "galactic-system", "cni-args": {"GALACTIC_VPC": %q, "GALACTIC_VPC_ATTACHMENT": %q}}]`, vpc, attachment)
+	// The attachment's address, which anti-spoofing binds it to: without
+	// one the plugin refuses the ADD.
+	return fmt.Sprintf(`[{"name": "galactic", "namespace": "galactic-system", "ips": ["10.10.0.%s/24"], "cni-args": {"GALACTIC_VPC": %q, "GALACTIC_VPC_ATTACHMENT": %q}}]`, attachment, vpc, attachment)
 }
 
 // galacticPodLifecycle starts a pod asking for networks, checks that its
@@ -393,7 +396,13 @@ func (n *node) deleteAttachment(t *testing.T, name string) {
 // galacticPod starts a pod whose Multus networks annotation is networks.
 func (n *node) galacticPod(t *testing.T, name, networks string) *corev1.Pod {
 	t.Helper()
-	pod := &corev1.Pod{
+	n.createPod(t, name, networks)
+	return n.waitPod(t, tenantNS, name, 3*time.Minute)
+}
+
+// podSpec is a pod of the pod image asking for networks.
+func (n *node) podSpec(name, networks string) *corev1.Pod {
+	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: tenantNS, Annotations: map[string]string{"k8s.v1.cni.cncf.io/networks": networks}},
 		Spec: corev1.PodSpec{
 			EnableServiceLinks: new(bool),
@@ -402,10 +411,6 @@ func (n *node) galacticPod(t *testing.T, name, networks string) *corev1.Pod {
 			}},
 		},
 	}
-	if _, err := n.client.CoreV1().Pods(tenantNS).Create(context.Background(), pod, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	return n.waitPod(t, tenantNS, name, 3*time.Minute)
 }
 
 // sandboxOf is the ID of the pod's sandbox in containerd.
