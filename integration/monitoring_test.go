@@ -171,7 +171,7 @@ func exported(t *testing.T) map[string]bool {
 		node.MustRegister(connlimit.New(nil, connlimit.Limits{}, l, nil).Collectors(l)...)
 	}
 	// The map collector reads the pinned maps when collected: described only.
-	record(node, (&nodeview.Views{}).MapCollector())
+	record(node, (&nodeview.Views{}).MapCollector(), (&nodeview.Views{}).DecisionCollector())
 
 	hub := prometheus.NewRegistry()
 	hub.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
