@@ -33,7 +33,7 @@ func (n *node) scenarioAnAttachmentWithoutAddressesIsRefusedAndSpoofingShows(t *
 	n.applyNetworkDefinition(t, "galactic-a-7", `"vpc": "a", "vpcAttachment": "7"`)
 	n.createPod(t, "vm-noaddr", kubevirt("galactic-a-7"))
 	event := n.waitEvent(t, "vm-noaddr", "allowSpoofing", 3*time.Minute)
-	for _, fix := range []string{"routes", "ips", "ipam"} {
+	for _, fix := range []string{`"routes"`, `"ips"`} {
 		if !strings.Contains(event, fix) {
 			t.Errorf("the pod's event does not name the fix %q: %s", fix, event)
 		}

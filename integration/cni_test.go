@@ -288,6 +288,59 @@ func TestBadConfigurationIsRefusedAndChangesNothing(t *testing.T) {
 	}
 }
 
+// TestAnAttachmentThatWouldBeBlackHoledIsRefused: anti-spoofing on and no
+// address (KubeVirt names a definition and fills only "mac") would drop
+// every IP packet the VM sends. ADD refuses it with code 7 naming the
+// fixes, making nothing; CHECK says the same of such a configuration. An
+// address from routes or the "ips" capability, anti-spoofing off, or a
+// policy that admits no IP at all is accepted.
+func TestAnAttachmentThatWouldBeBlackHoledIsRefused(t *testing.T) {
+	h := newCNIHost(t)
+	noAddress := map[string]any{"routes": []string{}, "runtimeConfig": map[string]any{"mac": "02:00:0a:0a:00:03"}}
+	_, err := h.cni("ADD", ctrA, h.conf("3", noAddress))
+	if err == nil {
+		t.Fatal("ADD of an attachment without an address succeeded: its VM would have no IP network")
+	}
+	for _, want := range []string{"code 7", `"routes"`, `"ips"`, `"allowSpoofing": true`, "dropped as spoofed"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("the refusal does not say %s: %v", want, err)
+		}
+	}
+	if links, err := h.host.Dial(t).Links(context.Background()); err != nil || len(links) != 1 {
+		t.Fatalf("links after the refused ADD: %d %v, want only lo", len(links), err)
+	}
+	if recs, _ := filepath.Glob(filepath.Join(h.dataDir, "*", "*")); len(recs) != 0 {
+		t.Fatalf("the refused ADD left records %v", recs)
+	}
+	// No ADD ran before: the maps may not even be pinned yet.
+	if dp, err := datapath.OpenPinned(h.bpffs); err == nil {
+		rows, err := dp.TapRules.Dump(0)
+		dp.Close()
+		if err != nil || len(rows) != 0 {
+			t.Fatalf("the refused ADD left tap_rules rows %v (%v)", rows, err)
+		}
+	}
+
+	for name, extra := range map[string]map[string]any{
+		"ips capability": {"routes": []string{}, "runtimeConfig": map[string]any{"ips": []string{"10.10.0.4/24"}}},
+		"anti-spoofing off": {"routes": []string{}, "policy": map[string]any{"allowSpoofing": true}},
+		"no IP admitted":    {"routes": []string{}, "policy": map[string]any{"ethertypes": []int{0x88cc}}},
+	} {
+		att := map[string]string{"ips capability": "4", "anti-spoofing off": "5", "no IP admitted": "6"}[name]
+		if _, err := h.cni("ADD", strings.Repeat(att, 64), h.conf(att, extra)); err != nil {
+			t.Errorf("%s: ADD refused: %v", name, err)
+		}
+	}
+
+	// A tap made with routes, checked with a configuration that lost them
+	// (as a tap an older plugin made without one is checked now).
+	h.mustCNI("ADD", ctrA, h.conf("3", nil))
+	if _, err := h.cni("CHECK", ctrA, h.conf("3", noAddress)); err == nil || !strings.Contains(err.Error(), "code 7") ||
+		!strings.Contains(err.Error(), `"allowSpoofing": true`) {
+		t.Fatalf("CHECK of an attachment without an address: %v, want code 7 naming the fixes", err)
+	}
+}
+
 func TestStatusSaysWhetherThePluginCanWork(t *testing.T) {
 	h := newCNIHost(t)
 	h.mustCNI("STATUS", "", h.conf("1", nil))

@@ -255,9 +255,14 @@ func TestTheShippedNetworkAttachmentDefinitionRunsThePlugin(t *testing.T) {
 		{"a pod's cni-args", "n", ctrA, withCNIArgs(t, withPluginFields(t, list, testPaths),
 			map[string]any{"GALACTIC_VPC": "a", "GALACTIC_VPC_ATTACHMENT": "n"})},
 		{"a VM's own definition", "p", strings.Repeat("d", 64), withPluginFields(t, withPluginFields(t, list, testPaths),
-			map[string]any{"vpc": "a", "vpcAttachment": "p"})},
+			map[string]any{"vpc": "a", "vpcAttachment": "p", "routes": routesOf("p")})},
 	} {
 		rt := r.rt(c.container, "net1")
+		if c.att == "n" {
+			// The pod's network selection's "ips", which Multus passes
+			// through the definition's "ips" capability.
+			rt.CapabilityArgs = map[string]any{"ips": []string{"10.10.0.23/24"}}
+		}
 		if err := r.in(func(ctx context.Context) error { _, err := r.cni.AddNetworkList(ctx, c.net, rt); return err }); err != nil {
 			t.Fatalf("%s: ADD with the definition's network: %v", c.how, err)
 		}

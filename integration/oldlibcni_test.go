@@ -115,10 +115,12 @@ func TestTheShippedConflistRunsUnderContainerd16(t *testing.T) {
 	if err := json.Unmarshal(b, &list); err != nil {
 		t.Fatal(err)
 	}
-	// Only where things are on this test host, and the bridge standing in
-	// for the VRF this kernel lacks.
+	// Only where things are on this test host, the bridge standing in for
+	// the VRF this kernel lacks, and the attachment's address (a VM's own
+	// definition gives it as routes; the plugin refuses an attachment
+	// without one).
 	tap := list["plugins"].([]any)[0].(map[string]any)
-	for k, v := range map[string]any{"bpffs": h.bpffs, "vrfLockDir": h.locks, "dataDir": h.dataDir, "master": "bridge"} {
+	for k, v := range map[string]any{"bpffs": h.bpffs, "vrfLockDir": h.locks, "dataDir": h.dataDir, "master": "bridge", "routes": routesOf("k")} {
 		tap[k] = v
 	}
 	conflist := filepath.Join(t.TempDir(), "galactic.conflist")

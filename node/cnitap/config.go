@@ -255,6 +255,23 @@ func parse(args *skel.CmdArgs, cmd command) (*invocation, error) {
 	return inv, nil
 }
 
+// errNoAddress refuses a registration that would black-hole its VM:
+// anti-spoofing drops every IP packet from an address outside the
+// attachment's, and it has none. KubeVirt names a definition and fills
+// only "mac"; such a VM would start, reach a DHCP server, and then be cut
+// off with no signal but counters (issue 49). No real attachment needs to
+// speak IP with no address of its own: one that carries no IP at all lists
+// its ethertypes without IPv4 and IPv6, and is not refused.
+var errNoAddress = errors.New(`anti-spoofing is on and the attachment has no address, so every IP packet its VM sent would be dropped as spoofed: ` +
+	`give it its addresses with "routes" in the definition's galactic-tap entry, or "ips" in the pod's network selection ` +
+	`(the definition declares the "ips" capability), or turn anti-spoofing off for this definition with "policy": {"allowSpoofing": true}`)
+
+// admitsIP reports whether a policy's ethertype list lets IPv4 or IPv6
+// through (an empty list lets everything through).
+func admitsIP(ethertypes []uint16) bool {
+	return len(ethertypes) == 0 || slices.Contains(ethertypes, 0x0800) || slices.Contains(ethertypes, 0x86dd)
+}
+
 // build turns the configuration into the tap and registration it asks for,
 // refusing anything malformed before a single change is made.
 func (inv *invocation) build() error {
@@ -348,6 +365,9 @@ func (inv *invocation) build() error {
 			continue
 		}
 		mac = hw
+	}
+	if !c.Policy.AllowSpoofing && len(addresses) == 0 && admitsIP(c.Policy.Ethertypes) {
+		errs = append(errs, errNoAddress)
 	}
 	var ports []attachreg.ProtoPort
 	for _, p := range c.HostOnlyPorts {
