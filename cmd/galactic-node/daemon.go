@@ -39,6 +39,7 @@ import (
 	"github.com/datum-cloud/galactic-node/node/inventory"
 	"github.com/datum-cloud/galactic-node/node/inventory/kubeinventory"
 	"github.com/datum-cloud/galactic-node/node/link"
+	"github.com/datum-cloud/galactic-node/node/dropwatch"
 	"github.com/datum-cloud/galactic-node/node/nodeview"
 	"github.com/datum-cloud/galactic-node/node/reclaim"
 	"github.com/datum-cloud/galactic-node/node/reclaim/reclaimmetrics"
@@ -348,7 +349,18 @@ func runDaemon(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 	// record collection runs after it.
 	passDone := make(chan struct{}, 1)
 	reclaimer := reclaim.New(conn, inv, reclaimRegistry(registry, log), locks, passSignal{metrics, passDone}, log, rcfg)
-	ag := &nodeview.Views{Links: conn, Inventory: inv, Reclaimer: reclaimer, Registry: registry, Datapath: dp, Holders: holders, MaxInventoryAge: f.inventoryMaxAge}
+	ag := &nodeview.Views{Links: conn, Inventory: inv, Reclaimer: reclaimer, Registry: registry, Datapath: dp, Holders: holders,
+		MaxInventoryAge: f.inventoryMaxAge, Counters: dp}
+	// The drop monitor reads the program's records of dropped frames
+	// whether or not anyone follows them, so that the ring never fills
+	// while nobody looks; a kernel without ring buffers leaves the node
+	// without it, and says so (/v1/drops, the metrics).
+	if mon, err := dp.OpenDropMonitor(); err != nil {
+		ag.DropsUnavailable = err.Error()
+		log.Warn("no drop monitor: galactic-node drops will have no records", "error", err)
+	} else {
+		ag.Drops = dropwatch.New(dropwatch.Config{Source: newDropSource(mon, conn), Log: log.With("component", "drop-monitor")})
+	}
 	if err := reg.Register(ag.MapCollector()); err != nil {
 		return err
 	}
@@ -483,6 +495,13 @@ func runDaemon(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 		}
 	})
 	wg.Go(func() { reclaimer.Run(ctx, f.interval) })
+	if ag.Drops != nil {
+		wg.Go(func() {
+			if err := ag.Drops.Run(ctx); err != nil {
+				log.Error("drop monitor stopped", "error", err)
+			}
+		})
+	}
 	wg.Go(func() {
 		// The move ran at start, before the servers; the records are
 		// collected at start here.

@@ -21,6 +21,13 @@ type datapathDecisionKey struct {
 	Pad        [5]uint8
 }
 
+type datapathDropBudget struct {
+	_      structs.HostLayout
+	Window uint64
+	Used   uint32
+	Pad    uint32
+}
+
 type datapathGateway struct {
 	_    structs.HostLayout
 	Ipv4 [4]uint8
@@ -132,21 +139,25 @@ type datapathVrfBinding struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	datapathMapDecisions     = "decisions"
-	datapathMapEgressKind    = "egress_kind"
-	datapathMapHostFilter    = "host_filter"
-	datapathMapHostOnlyPort  = "host_only_port"
-	datapathMapHostView      = "host_view"
-	datapathMapIfindexVrf    = "ifindex_vrf"
-	datapathMapRouteCache    = "route_cache"
-	datapathMapRouteEpoch    = "route_epoch"
-	datapathMapRulesScratch  = "rules_scratch"
-	datapathMapTapFragments  = "tap_fragments"
-	datapathMapTapRules      = "tap_rules"
-	datapathMapTenantGateway = "tenant_gateway"
-	datapathMapTrafficPolicy = "traffic_policy"
-	datapathMapUnattributed  = "unattributed"
-	datapathProgTapIngress   = "tap_ingress"
+	datapathMapDecisionTotals  = "decision_totals"
+	datapathMapDecisions       = "decisions"
+	datapathMapDropBudgets     = "drop_budgets"
+	datapathMapDropRecords     = "drop_records"
+	datapathMapDropRecordsLost = "drop_records_lost"
+	datapathMapEgressKind      = "egress_kind"
+	datapathMapHostFilter      = "host_filter"
+	datapathMapHostOnlyPort    = "host_only_port"
+	datapathMapHostView        = "host_view"
+	datapathMapIfindexVrf      = "ifindex_vrf"
+	datapathMapRouteCache      = "route_cache"
+	datapathMapRouteEpoch      = "route_epoch"
+	datapathMapRulesScratch    = "rules_scratch"
+	datapathMapTapFragments    = "tap_fragments"
+	datapathMapTapRules        = "tap_rules"
+	datapathMapTenantGateway   = "tenant_gateway"
+	datapathMapTrafficPolicy   = "traffic_policy"
+	datapathMapUnattributed    = "unattributed"
+	datapathProgTapIngress     = "tap_ingress"
 )
 
 // loadDatapath returns the embedded CollectionSpec for datapath.
@@ -198,20 +209,24 @@ type datapathProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type datapathMapSpecs struct {
-	Decisions     *ebpf.MapSpec `ebpf:"decisions"`
-	EgressKind    *ebpf.MapSpec `ebpf:"egress_kind"`
-	HostFilter    *ebpf.MapSpec `ebpf:"host_filter"`
-	HostOnlyPort  *ebpf.MapSpec `ebpf:"host_only_port"`
-	HostView      *ebpf.MapSpec `ebpf:"host_view"`
-	IfindexVrf    *ebpf.MapSpec `ebpf:"ifindex_vrf"`
-	RouteCache    *ebpf.MapSpec `ebpf:"route_cache"`
-	RouteEpoch    *ebpf.MapSpec `ebpf:"route_epoch"`
-	RulesScratch  *ebpf.MapSpec `ebpf:"rules_scratch"`
-	TapFragments  *ebpf.MapSpec `ebpf:"tap_fragments"`
-	TapRules      *ebpf.MapSpec `ebpf:"tap_rules"`
-	TenantGateway *ebpf.MapSpec `ebpf:"tenant_gateway"`
-	TrafficPolicy *ebpf.MapSpec `ebpf:"traffic_policy"`
-	Unattributed  *ebpf.MapSpec `ebpf:"unattributed"`
+	DecisionTotals  *ebpf.MapSpec `ebpf:"decision_totals"`
+	Decisions       *ebpf.MapSpec `ebpf:"decisions"`
+	DropBudgets     *ebpf.MapSpec `ebpf:"drop_budgets"`
+	DropRecords     *ebpf.MapSpec `ebpf:"drop_records"`
+	DropRecordsLost *ebpf.MapSpec `ebpf:"drop_records_lost"`
+	EgressKind      *ebpf.MapSpec `ebpf:"egress_kind"`
+	HostFilter      *ebpf.MapSpec `ebpf:"host_filter"`
+	HostOnlyPort    *ebpf.MapSpec `ebpf:"host_only_port"`
+	HostView        *ebpf.MapSpec `ebpf:"host_view"`
+	IfindexVrf      *ebpf.MapSpec `ebpf:"ifindex_vrf"`
+	RouteCache      *ebpf.MapSpec `ebpf:"route_cache"`
+	RouteEpoch      *ebpf.MapSpec `ebpf:"route_epoch"`
+	RulesScratch    *ebpf.MapSpec `ebpf:"rules_scratch"`
+	TapFragments    *ebpf.MapSpec `ebpf:"tap_fragments"`
+	TapRules        *ebpf.MapSpec `ebpf:"tap_rules"`
+	TenantGateway   *ebpf.MapSpec `ebpf:"tenant_gateway"`
+	TrafficPolicy   *ebpf.MapSpec `ebpf:"traffic_policy"`
+	Unattributed    *ebpf.MapSpec `ebpf:"unattributed"`
 }
 
 // datapathVariableSpecs contains global variables before they are loaded into the kernel.
@@ -240,25 +255,33 @@ func (o *datapathObjects) Close() error {
 //
 // It can be passed to loadDatapathObjects or ebpf.CollectionSpec.LoadAndAssign.
 type datapathMaps struct {
-	Decisions     *ebpf.Map `ebpf:"decisions"`
-	EgressKind    *ebpf.Map `ebpf:"egress_kind"`
-	HostFilter    *ebpf.Map `ebpf:"host_filter"`
-	HostOnlyPort  *ebpf.Map `ebpf:"host_only_port"`
-	HostView      *ebpf.Map `ebpf:"host_view"`
-	IfindexVrf    *ebpf.Map `ebpf:"ifindex_vrf"`
-	RouteCache    *ebpf.Map `ebpf:"route_cache"`
-	RouteEpoch    *ebpf.Map `ebpf:"route_epoch"`
-	RulesScratch  *ebpf.Map `ebpf:"rules_scratch"`
-	TapFragments  *ebpf.Map `ebpf:"tap_fragments"`
-	TapRules      *ebpf.Map `ebpf:"tap_rules"`
-	TenantGateway *ebpf.Map `ebpf:"tenant_gateway"`
-	TrafficPolicy *ebpf.Map `ebpf:"traffic_policy"`
-	Unattributed  *ebpf.Map `ebpf:"unattributed"`
+	DecisionTotals  *ebpf.Map `ebpf:"decision_totals"`
+	Decisions       *ebpf.Map `ebpf:"decisions"`
+	DropBudgets     *ebpf.Map `ebpf:"drop_budgets"`
+	DropRecords     *ebpf.Map `ebpf:"drop_records"`
+	DropRecordsLost *ebpf.Map `ebpf:"drop_records_lost"`
+	EgressKind      *ebpf.Map `ebpf:"egress_kind"`
+	HostFilter      *ebpf.Map `ebpf:"host_filter"`
+	HostOnlyPort    *ebpf.Map `ebpf:"host_only_port"`
+	HostView        *ebpf.Map `ebpf:"host_view"`
+	IfindexVrf      *ebpf.Map `ebpf:"ifindex_vrf"`
+	RouteCache      *ebpf.Map `ebpf:"route_cache"`
+	RouteEpoch      *ebpf.Map `ebpf:"route_epoch"`
+	RulesScratch    *ebpf.Map `ebpf:"rules_scratch"`
+	TapFragments    *ebpf.Map `ebpf:"tap_fragments"`
+	TapRules        *ebpf.Map `ebpf:"tap_rules"`
+	TenantGateway   *ebpf.Map `ebpf:"tenant_gateway"`
+	TrafficPolicy   *ebpf.Map `ebpf:"traffic_policy"`
+	Unattributed    *ebpf.Map `ebpf:"unattributed"`
 }
 
 func (m *datapathMaps) Close() error {
 	return _DatapathClose(
+		m.DecisionTotals,
 		m.Decisions,
+		m.DropBudgets,
+		m.DropRecords,
+		m.DropRecordsLost,
 		m.EgressKind,
 		m.HostFilter,
 		m.HostOnlyPort,

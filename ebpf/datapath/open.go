@@ -38,7 +38,11 @@ func OpenPinned(bpffs string) (*Datapath, error) {
 	// The program's own state maps (not pinned) are never used without
 	// the program: create them at the smallest size.
 	for _, m := range spec.Maps {
-		if m.Pinning != ebpf.PinByName && m.MaxEntries > 1 {
+		switch {
+		case m.Pinning == ebpf.PinByName:
+		case m.Type == ebpf.RingBuf:
+			m.MaxEntries = uint32(os.Getpagesize()) // a ring's least
+		case m.MaxEntries > 1:
 			m.MaxEntries = 1
 		}
 	}

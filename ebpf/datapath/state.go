@@ -21,7 +21,7 @@ import (
 const StateSubdir = "state"
 
 // stateMapNames are the maps of the program that hold state, not rows.
-var stateMapNames = []string{"route_cache", "route_epoch", "host_filter", "host_view"}
+var stateMapNames = []string{"route_cache", "route_epoch", "host_filter", "host_view", "decision_totals", "drop_records", "drop_budgets", "drop_records_lost"}
 
 // stateMaps opens the state maps pinned in dir, creating and pinning those
 // missing or of another layout.

@@ -64,6 +64,38 @@ enum reason {
 };
 enum egress { EGRESS_TAP = 1, EGRESS_VETH = 2 };
 
+// The rules of docs/datapath.md ("How a frame is judged"), by their
+// numbers there: a drop record names the one that decided.
+enum rule {
+	RULE_NO_RULES = 1,
+	RULE_VLAN = 2,
+	RULE_ETHERTYPES = 3,
+	RULE_SPOOFED_MAC = 4,
+	RULE_ARP = 5,
+	RULE_NON_IP = 6,
+	RULE_MALFORMED = 7, // and 8: an IPv6 extension header chain not walked
+	RULE_FRAGMENTS = 9,
+	RULE_SPOOFED_IP = 10,
+	RULE_PROTOCOLS = 11,
+	RULE_HOST_PORTS = 13,
+	RULE_ND = 14,
+	RULE_ICMP = 15,
+	RULE_HOST_PROTOCOLS = 16,
+	RULE_DEFAULT = 17,
+};
+
+// A drop record's decision when the tap had no rules (policy_unavailable).
+#define DROP_NO_RULES 255
+#define DECISION_MAX 8
+// The drop monitor: at most DROP_RECORDS_PER_SECOND records per tap and
+// second (a flood costs one budget lookup per frame beyond them), the
+// frame's first DROP_RECORD_BYTES, in a ring of DROP_RING_BYTES.
+#define DROP_RECORDS_PER_SECOND 32
+#define DROP_RECORD_BYTES 128
+#define DROP_RING_BYTES (256 * 1024)
+#define DROP_BUDGETS 8192
+enum lost { LOST_RING_FULL = 0, LOST_RATE_LIMITED = 1, LOST_MAX = 2 };
+
 // host_view.flags
 #define HOST_VIEW_PARTIAL 0x1 // the filter cannot cover every host prefix: ask the route lookup
 
@@ -340,6 +372,122 @@ struct {
 	__type(key, __u32);
 	__type(value, struct host_view);
 } host_view SEC(".maps");
+
+// Node-wide counts of judged frames by decision, per CPU: the allowed path
+// pays an inlined array lookup and a plain add. Shared state, pinned apart.
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, DECISION_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+} decision_totals SEC(".maps");
+
+// A sampled record of a dropped frame, for the node daemon's drop monitor.
+struct drop_record {
+	__u64 time; // bpf_ktime_get_ns: CLOCK_MONOTONIC
+	__u64 vpc;
+	__u32 ifindex;
+	__u32 length; // the frame's, from its Ethernet header
+	__u16 attachment;
+	__u8 decision; // enum decision, or DROP_NO_RULES
+	__u8 rule;     // enum rule
+	__u16 captured;
+	__u8 _pad[2];
+	__u8 frame[DROP_RECORD_BYTES];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, DROP_RING_BYTES);
+} drop_records SEC(".maps");
+
+// Each tap's budget of records in the current second. Updated without a
+// lock: CPUs racing at a window's edge may each write one record over the
+// budget, at most one per CPU and second.
+struct drop_budget {
+	__u64 window; // ns, start of the current second
+	__u32 used;
+	__u32 _pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, DROP_BUDGETS);
+	__type(key, __u32);
+	__type(value, struct drop_budget);
+} drop_budgets SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, LOST_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+} drop_records_lost SEC(".maps");
+
+static __always_inline void count_total(__u8 decision)
+{
+	__u32 k = decision;
+	__u64 *n = bpf_map_lookup_elem(&decision_totals, &k);
+	if (n)
+		*n += 1;
+}
+
+static __always_inline void count_lost(__u32 why)
+{
+	__u64 *n = bpf_map_lookup_elem(&drop_records_lost, &why);
+	if (n)
+		*n += 1;
+}
+
+// record_drop writes a record of a dropped frame, within its tap's budget.
+// Allowed frames never come here.
+static __always_inline void record_drop(struct __sk_buff *skb, __u32 ifindex, __u64 vpc, __u16 attachment, __u8 decision,
+					__u8 rule)
+{
+#ifndef GALACTIC_NO_DROP_MONITOR
+	__u64 now = bpf_ktime_get_ns();
+	struct drop_budget *b = bpf_map_lookup_elem(&drop_budgets, &ifindex);
+	if (!b) {
+		struct drop_budget fresh = {.window = now};
+		bpf_map_update_elem(&drop_budgets, &ifindex, &fresh, BPF_NOEXIST);
+		b = bpf_map_lookup_elem(&drop_budgets, &ifindex);
+		if (!b) {
+			count_lost(LOST_RATE_LIMITED);
+			return;
+		}
+	}
+	if (now - b->window >= 1000000000ULL) {
+		b->window = now;
+		b->used = 0;
+	}
+	if (b->used >= DROP_RECORDS_PER_SECOND) {
+		count_lost(LOST_RATE_LIMITED);
+		return;
+	}
+	b->used += 1;
+	struct drop_record *rec = bpf_ringbuf_reserve(&drop_records, sizeof(*rec), 0);
+	if (!rec) {
+		count_lost(LOST_RING_FULL);
+		return;
+	}
+	rec->time = now;
+	rec->vpc = vpc;
+	rec->ifindex = ifindex;
+	rec->length = skb->len;
+	rec->attachment = attachment;
+	rec->decision = decision;
+	rec->rule = rule;
+	rec->captured = 0;
+	rec->_pad[0] = 0;
+	rec->_pad[1] = 0;
+	__u32 n = skb->len;
+	if (n > DROP_RECORD_BYTES)
+		n = DROP_RECORD_BYTES;
+	if (n >= 1 && bpf_skb_load_bytes(skb, 0, rec->frame, n) == 0)
+		rec->captured = n;
+	bpf_ringbuf_submit(rec, 0);
+#endif
+}
 
 static __always_inline void count_unattributed(__u32 reason)
 {
@@ -873,46 +1021,60 @@ static __always_inline int host_port_listed(const struct rules *r, __u8 proto, _
 }
 
 static __always_inline __u8 judge_ip(struct __sk_buff *skb, __u32 ifindex, const struct rules *pol,
-				     const struct packet *p)
+				     const struct packet *p, __u8 *rule)
 {
 	__u8 proto = p->l4proto;
+	*rule = RULE_PROTOCOLS;
 	if (pol->n_protocols && !listed8(pol->protocols, pol->n_protocols, proto))
 		return DECISION_DENY;
 	if (proto == IPPROTO_TCP || proto == IPPROTO_UDP) {
 		if (pol->default_action != ACTION_ALLOW) {
 			// Denied unless it is for the host on a listed port: the
 			// route lookup is needed only for a listed port.
+			*rule = RULE_DEFAULT;
 			if (!host_port_listed(pol, proto, p->dport))
 				return DECISION_DENY;
+			*rule = RULE_HOST_PORTS;
 			return to_host(skb, ifindex, p, pol) ? DECISION_HOST_ONLY : DECISION_DENY;
 		}
+		*rule = RULE_DEFAULT;
 		if (!to_host(skb, ifindex, p, pol))
 			return DECISION_ALLOW;
+		*rule = RULE_HOST_PORTS;
 		return host_port_listed(pol, proto, p->dport) ? DECISION_HOST_ONLY : DECISION_DENY;
 	}
 	if (proto == (p->is6 ? IPPROTO_ICMPV6 : IPPROTO_ICMP)) {
 		// Router solicitation, neighbor solicitation and advertisement
 		// for the host: how a VM finds its gateway.
 		__u8 t = p->icmp_type;
+		*rule = RULE_ND;
 		if (p->is6 && (t == 133 || t == 135 || t == 136) && to_host(skb, ifindex, p, pol))
 			return DECISION_HOST_ONLY;
 		// Any other ICMP, to the host or not, follows the default action.
+		*rule = RULE_ICMP;
 		return by_default(pol);
 	}
 	// No other protocol reaches the host: it offers tenants ports only.
-	if (pol->default_action != ACTION_ALLOW || to_host(skb, ifindex, p, pol))
+	*rule = RULE_DEFAULT;
+	if (pol->default_action != ACTION_ALLOW)
 		return DECISION_DENY;
+	*rule = RULE_HOST_PROTOCOLS;
+	if (to_host(skb, ifindex, p, pol))
+		return DECISION_DENY;
+	*rule = RULE_DEFAULT;
 	return DECISION_ALLOW;
 }
 
-static __always_inline __u8 decide(struct __sk_buff *skb, __u32 ifindex, const struct rules *pol)
+static __always_inline __u8 decide(struct __sk_buff *skb, __u32 ifindex, const struct rules *pol, __u8 *rule)
 {
 	__u16 proto = bpf_ntohs(skb->protocol);
 	// The kernel strips one VLAN tag before TCX runs; a tag still there
 	// means a frame of two or more, whose IP the kernel would find behind
 	// them once the program let it through. Such frames are denied.
+	*rule = RULE_VLAN;
 	if (proto == ETH_P_8021Q || proto == ETH_P_8021AD)
 		return DECISION_DENY;
+	*rule = RULE_ETHERTYPES;
 	if (pol->n_ethertypes && !listed16(pol->ethertypes, pol->n_ethertypes, proto))
 		return DECISION_DENY;
 	struct headers h = {}; // zeroed: the verifier, unprivileged, refuses reads of stack never written
@@ -921,9 +1083,12 @@ static __always_inline __u8 decide(struct __sk_buff *skb, __u32 ifindex, const s
 		ip_read = 1;
 	else if (proto == ETH_P_IPV6 && load(skb, 0, &h.eth, ETH_HLEN + sizeof(h.v6)) == 0)
 		ip_read = 1;
-	else if (load(skb, 0, &h.eth, ETH_HLEN) < 0)
+	else if (load(skb, 0, &h.eth, ETH_HLEN) < 0) {
+		*rule = RULE_MALFORMED;
 		return DECISION_MALFORMED;
+	}
 	int check_spoofing = !(pol->flags & POLICY_SPOOFING_ALLOWED);
+	*rule = RULE_SPOOFED_MAC;
 	if (check_spoofing) {
 		const __u8 *src = h.eth.h_source;
 		if (src[0] & 1) // a group address is no frame's source
@@ -934,10 +1099,12 @@ static __always_inline __u8 decide(struct __sk_buff *skb, __u32 ifindex, const s
 		if ((mac_hi || mac_lo) && (word(src) != mac_hi || src_lo != mac_lo))
 			return DECISION_SPOOFED;
 	}
+	*rule = RULE_ARP;
 	if (proto == ETH_P_ARP)
 		return decide_arp(skb, pol, check_spoofing);
 
 	struct packet p = {};
+	*rule = RULE_MALFORMED;
 	if (proto == ETH_P_IP) {
 		if (parse_ipv4(skb, &p, &h, ip_read) < 0)
 			return DECISION_MALFORMED;
@@ -945,12 +1112,15 @@ static __always_inline __u8 decide(struct __sk_buff *skb, __u32 ifindex, const s
 		if (parse_ipv6(skb, &p, &h, ip_read) < 0)
 			return DECISION_MALFORMED;
 	} else {
+		*rule = RULE_NON_IP;
 		return by_default(pol);
 	}
 
 	if (p.fragment == 2) {
+		*rule = RULE_SPOOFED_IP;
 		if (check_spoofing && spoofed(skb, &p, pol))
 			return DECISION_SPOOFED;
+		*rule = RULE_FRAGMENTS;
 		// No upper-layer header here: the fragment gets the decision on
 		// its datagram's first fragment, or is denied when none was seen.
 		// The last fragment takes the datagram's state with it.
@@ -968,12 +1138,14 @@ static __always_inline __u8 decide(struct __sk_buff *skb, __u32 ifindex, const s
 		return d;
 	}
 	__u8 d;
-	if (parse_l4(skb, &p) < 0)
+	if (parse_l4(skb, &p) < 0) {
 		d = DECISION_MALFORMED;
-	else if (check_spoofing && spoofed(skb, &p, pol))
+	} else if (check_spoofing && spoofed(skb, &p, pol)) {
+		*rule = RULE_SPOOFED_IP;
 		d = DECISION_SPOOFED;
-	else
-		d = judge_ip(skb, ifindex, pol, &p);
+	} else {
+		d = judge_ip(skb, ifindex, pol, &p, rule);
+	}
 	if (p.fragment == 1) {
 		void *frags = bpf_map_lookup_elem(&tap_fragments, &ifindex);
 		if (frags) {
@@ -1013,11 +1185,17 @@ int tap_ingress(struct __sk_buff *skb)
 	struct rules *r = read_rules(ifindex);
 	if (!r) {
 		count_unattributed(REASON_POLICY_UNAVAILABLE);
+		record_drop(skb, ifindex, 0, 0, DROP_NO_RULES, RULE_NO_RULES);
 		return GALACTIC_TCX_DROP;
 	}
-	__u8 d = decide(skb, ifindex, r);
+	__u8 rule = 0;
+	__u8 d = decide(skb, ifindex, r, &rule);
 	count_decision(r, d);
-	return d == DECISION_ALLOW || d == DECISION_HOST_ONLY ? GALACTIC_TCX_NEXT : GALACTIC_TCX_DROP;
+	count_total(d);
+	if (d == DECISION_ALLOW || d == DECISION_HOST_ONLY)
+		return GALACTIC_TCX_NEXT;
+	record_drop(skb, ifindex, r->vpc, r->attachment, d, rule);
+	return GALACTIC_TCX_DROP;
 }
 
 char __license[] SEC("license") = "Dual BSD/GPL";
