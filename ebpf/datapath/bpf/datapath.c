@@ -770,13 +770,19 @@ static __always_inline int block_bit(const struct host_block *b, __u32 h)
 }
 
 // maybe_host says whether p->dst may be an address the host receives
-// packets to, by the daemon's view; 1 when the view lapsed.
+// packets to, by the daemon's view: NOT_HOST, MAYBE_HOST, or NO_VIEW when
+// the view lapsed (no daemon renews it).
+#define NOT_HOST 0
+#define MAYBE_HOST 1
+#define NO_VIEW 2
 static __always_inline int maybe_host(const struct packet *p)
 {
 	__u32 zero = 0;
 	struct host_view *v = bpf_map_lookup_elem(&host_view, &zero);
-	if (!v || v->flags & HOST_VIEW_PARTIAL || bpf_ktime_get_coarse_ns() >= v->valid_until)
-		return 1;
+	if (!v || bpf_ktime_get_coarse_ns() >= v->valid_until)
+		return NO_VIEW;
+	if (v->flags & HOST_VIEW_PARTIAL)
+		return MAYBE_HOST;
 	__u32 w0 = word(p->dst), w1 = 0, w2 = 0, w3 = 0;
 	__u32 seed = AF_INET, c0 = w0 & bpf_htonl(0xffff0000), c1 = 0;
 	if (p->is6) {
@@ -791,8 +797,8 @@ static __always_inline int maybe_host(const struct packet *p)
 	__u32 i = coarse % HOST_FILTER_BLOCKS;
 	struct host_block *b = bpf_map_lookup_elem(&host_filter, &i);
 	if (!b)
-		return 1;
-	return block_bit(b, hash_words(seed, w0, w1, w2, w3)) || block_bit(b, coarse >> 16);
+		return MAYBE_HOST;
+	return block_bit(b, hash_words(seed, w0, w1, w2, w3)) || block_bit(b, coarse >> 16) ? MAYBE_HOST : NOT_HOST;
 }
 
 // routed_to_host asks the kernel's route lookup for this interface whether
@@ -804,11 +810,17 @@ static __always_inline int maybe_host(const struct packet *p)
 // (maybe_host) is forwarded without a lookup: per-destination answers cost a
 // cache miss each when a tenant sprays destinations. The lookup's answers
 // are cached until the node daemon reports an address or route change
-// (route_epoch), and for ROUTE_CACHE_JIFFIES at most: without the daemon, an
-// address added to the VRF counts as the host's within that time.
+// (route_epoch), and for ROUTE_CACHE_JIFFIES at most. Only while the daemon
+// runs: its view lapses when it stops, and then no change bumps the epoch,
+// so a cached answer could outlive the route it was read from (an address
+// that left the host, now routed to another machine, would still be the
+// host's, and its listed ports reachable there). So with no view, every
+// frame asks the lookup afresh: the host stays reachable, and only what the
+// host receives now counts as its (issue 49).
 static __always_inline int routed_to_host(struct __sk_buff *skb, __u32 ifindex, const struct packet *p)
 {
-	if (!maybe_host(p))
+	int view = maybe_host(p);
+	if (view == NOT_HOST)
 		return 0;
 	__u32 h = hash_words(ifindex, word(p->dst), word(p->dst + 4), word(p->dst + 8), word(p->dst + 12));
 	__u32 slot = h & (ROUTE_CACHE_SLOTS - 1);
@@ -819,8 +831,8 @@ static __always_inline int routed_to_host(struct __sk_buff *skb, __u32 ifindex, 
 	__u64 *e = bpf_map_lookup_elem(&route_epoch, &zero);
 	__u64 epoch = e ? *e : 0;
 	struct route_answer *a = bpf_map_lookup_elem(&route_cache, &slot);
-	if (a && a->ifindex == ifindex && a->family == family && equal16(a->dst, p->dst) && now < a->expires &&
-	    a->epoch == epoch)
+	if (view == MAYBE_HOST && a && a->ifindex == ifindex && a->family == family && equal16(a->dst, p->dst) &&
+	    now < a->expires && a->epoch == epoch)
 		return a->to_host;
 
 	struct bpf_fib_lookup fib = {.family = family, .ifindex = ifindex};
