@@ -19,6 +19,7 @@ run ./node/link 'Dump1000Taps$' 10x
 run ./node/tun/holder 'ProbeWindow' 200x
 run ./ebpf/datapath 'Dump16384Rows' 10x
 run ./ebpf/datapath 'TapIngress' 200x
+run ./ebpf/datapath 'DropMonitor|RouteLookupWithoutTheDaemon' 100x
 run ./node/routewatch 'RouteChangeToHostView' 2000x
 run ./node/attachreg 'OrphanScan16384Rows' 10x
 run ./node/reclaim 'PassWithNoRemovals' 5x
@@ -91,6 +92,11 @@ GALACTICTEST_FLEET_SIZES=10x10000,50x10000 run ./bench/fleet 'Fleet' 1x
 	echo "BPF_PROG_TEST_RUN (test-run/…): after = this build's program, with the route watcher's host view;"
 	echo "before = the program before issue 21 on the same maps; nft = the same rules in an nftables netdev"
 	echo "ingress chain on the tap (both shown to enforce them first). Goals: x-of-before <= 1.3, x-of-nft <= 0.5."
+	echo "DropMonitor: tap/allowed = an allowed frame's cost over the bare tap, this build (monitor, a reader draining"
+	echo "the ring) against the same source built without the monitor (none), goal x-of-none <= 1.05; tap/spoofed = a"
+	echo "dropped frame's whole write, its tap's record budget spent; flood = records/s one tap's flood yields (budget 32)"
+	echo "and the monitor's maps (ring, budgets, lost counters). RouteLookupWithoutTheDaemon: BPF_PROG_TEST_RUN of a"
+	echo "frame to a host address with the daemon's view trusted (cached answers) and lapsed (a fresh lookup a frame)."
 	echo "RouteChangeToHostView: an address change returning to its caller, to the watcher's host view holding it."
 	echo "Release1000ClaimsOfGoneNetworks: the claims of 1,000 gone networks released by the startup sweep (sweep:"
 	echo "one LIST of networks, a delete per claim) or by the workers (workers: batched LISTs confirming the networks"

@@ -6,3 +6,7 @@ package datapath
 // bpf/include holds the asm/ headers of the BPF target, so no host
 // architecture's header folder is needed.
 //go:generate go tool bpf2go -cc clang-14 -cflags "-O2 -g -Wall -Werror -Ibpf/include" -target bpfel -go-package datapath datapath bpf/datapath.c
+
+// The same program without the drop monitor, for BenchmarkDropMonitor
+// alone (testdata: never built into a binary).
+//go:generate go tool bpf2go -cc clang-14 -cflags "-O2 -g -Wall -Werror -Ibpf/include -DGALACTIC_NO_DROP_MONITOR" -target bpfel -go-package datapath -output-dir testdata/nomonitor nomonitor bpf/datapath.c

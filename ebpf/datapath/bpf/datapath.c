@@ -432,12 +432,14 @@ static __always_inline void count_total(__u8 decision)
 		*n += 1;
 }
 
+#ifndef GALACTIC_NO_DROP_MONITOR
 static __always_inline void count_lost(__u32 why)
 {
 	__u64 *n = bpf_map_lookup_elem(&drop_records_lost, &why);
 	if (n)
 		*n += 1;
 }
+#endif
 
 // record_drop writes a record of a dropped frame, within its tap's budget.
 // Allowed frames never come here.
