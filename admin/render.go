@@ -196,6 +196,14 @@ func WriteStatus(w io.Writer, st Status, now time.Time) {
 		progs += " (some links unreadable: " + escapeText(st.Programs.Error) + ")"
 	}
 	line("program", progs)
+	switch {
+	case st.Unbound.Error != "":
+		line("unbound taps", "unreadable: "+escapeText(st.Unbound.Error))
+	case st.Unbound.Count == 0:
+		line("unbound taps", "none")
+	default:
+		line("unbound taps", fmt.Sprintf("%d run without anti-spoofing until an ADD binds them: %s", st.Unbound.Count, escapeText(strings.Join(st.Unbound.Taps, ", "))))
+	}
 	for _, m := range st.Maps {
 		fill := "unreadable"
 		switch {
@@ -238,7 +246,7 @@ func dash(s string) string {
 }
 
 func tapRows(taps []nodeview.TapView) tabular {
-	t := tabular{items: taps, header: []string{"NAME", "IFINDEX", "VPC", "ATT", "OWNER", "MASTER", "HELD", "HOLDERS", "CARRIED BY", "STATE", "PROGRAM", "DROPPED"}}
+	t := tabular{items: taps, header: []string{"NAME", "IFINDEX", "VPC", "ATT", "OWNER", "MASTER", "HELD", "HOLDERS", "CARRIED BY", "STATE", "PROGRAM", "DROPPED", "BOUND"}}
 	for _, v := range taps {
 		var holders, carried []string
 		for _, h := range v.Holders {
@@ -252,9 +260,19 @@ func tapRows(taps []nodeview.TapView) tabular {
 		}
 		t.rows = append(t.rows, []string{v.Name, strconv.FormatUint(uint64(v.Ifindex), 10), v.VPC, v.Attachment, dash(v.Owner),
 			dash(v.Master), strconv.FormatBool(v.Held), dash(strings.Join(holders, ",")), dash(strings.Join(carried, ",")), string(v.State),
-			programText(v.Program), droppedText(v)})
+			programText(v.Program), droppedText(v), boundText(v)})
 	}
 	return t
+}
+
+// boundText says whether anti-spoofing binds the tap to its attachment's
+// MAC and addresses: "unbound" for a tap an older build made that no record
+// of its ADD could bind.
+func boundText(v nodeview.TapView) string {
+	if v.Unbound {
+		return "unbound"
+	}
+	return "yes"
 }
 
 // droppedText is how many of the tap's frames were dropped and why, the

@@ -35,6 +35,7 @@ import (
 	"github.com/datum-cloud/galactic-node/internal/logging/klogroute"
 	"github.com/datum-cloud/galactic-node/internal/metricsserve"
 	"github.com/datum-cloud/galactic-node/node/attachreg"
+	"github.com/datum-cloud/galactic-node/node/cnicache"
 	"github.com/datum-cloud/galactic-node/node/cnitap"
 	"github.com/datum-cloud/galactic-node/node/dropwatch"
 	"github.com/datum-cloud/galactic-node/node/inventory"
@@ -58,6 +59,7 @@ type daemonFlags struct {
 	massRemovalShare, shrinkShare         float64
 	shrinkWindow, brakeReleaseAfter       time.Duration
 	bpffs, vrfLockDir, cniDataDir         string
+	cniCacheDirs                          string
 	layoutRecord                          string
 	adminSocket, adminListen              string
 	adminTLSCert, adminTLSKey, adminToken string
@@ -88,6 +90,8 @@ func daemonFlagSet(f *daemonFlags) *flag.FlagSet {
 	fs.StringVar(&f.bpffs, "bpffs", "/sys/fs/bpf", "bpf filesystem; maps are pinned under <bpffs>/galactic")
 	fs.StringVar(&f.layoutRecord, "layout-record", datapath.DefaultLayoutRecord, "where to record the pinned maps' layout once opened, which install-cni checks a new plugin against (empty: none)")
 	fs.StringVar(&f.vrfLockDir, "vrf-lock-dir", vrf.DefaultDir, "folder of the per-VRF lock files shared with the CNI plugin")
+	fs.StringVar(&f.cniCacheDirs, "cni-cache-dirs", strings.Join(cnicache.DefaultDirs(), ","),
+		"libcni's cache folders (the runtime's, Multus'), comma-separated: a tap an older build made is bound to the MAC and addresses its cached ADD gave it (empty: taps of older builds stay unbound until their next ADD)")
 	fs.StringVar(&f.cniDataDir, "cni-data-dir", cnitap.DefaultDataDir, "the CNI plugin's records; each interval the daemon removes those whose tap is gone, which a removed network's GC never would (empty disables)")
 	fs.StringVar(&f.adminSocket, "admin-socket", "/run/galactic/admin.sock", "admin API unix socket, mode 0600, in a folder only its owner may write (empty disables)")
 	fs.StringVar(&f.adminListen, "admin-listen", "", "admin API TCP address; TLS required unless loopback")
@@ -279,6 +283,13 @@ func runDaemon(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 		}
 	}
 	registry := attachreg.New(dp, nil, log)
+	if f.cniDataDir != "" && f.cniCacheDirs != "" {
+		registry.Bindings = cnicache.Binder{DataDir: f.cniDataDir, CacheDirs: strings.Split(f.cniCacheDirs, ","),
+			Owner: func(ifindex uint32) (string, string, error) {
+				l, err := conn.Get(ctx, ifindex)
+				return l.Name, l.Alias, err
+			}}
+	}
 	// Taps attached by an earlier build run its rules until moved: before
 	// anything else, and after every pass (afterEachPass).
 	moveToCurrentProgram(ctx, registry, log)

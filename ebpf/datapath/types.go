@@ -171,7 +171,15 @@ type Rules struct {
 	// spoofed. Up to MaxPrefixes per family.
 	MAC      HardwareAddr   `json:"mac,omitempty"`
 	Prefixes []netip.Prefix `json:"prefixes,omitempty"`
+	// Unbound marks rules the node daemon derived from an older build's
+	// rows without knowing the attachment's MAC and addresses (no record
+	// of its ADD said them): anti-spoofing is off for it until an ADD
+	// registers it. The program ignores the mark; operators see it.
+	Unbound bool `json:"unbound,omitempty"`
 }
+
+// rulesUnbound is tap_rules.flags' bit for Unbound (RULES_UNBOUND).
+const rulesUnbound = 0x2
 
 // MaxPrefixes is how many address prefixes of each family an interface's
 // rules hold.
@@ -200,6 +208,9 @@ func (r Rules) raw() (datapathTapRules, error) {
 	raw := &out.Rules
 	raw.Ifindex, raw.Vpc, raw.Attachment = r.Ifindex, uint64(r.VPC), uint16(r.Attachment)
 	raw.Generation, raw.DefaultAction, raw.Flags = pol.Generation, pol.DefaultAction, pol.Flags
+	if r.Unbound {
+		raw.Flags |= rulesUnbound
+	}
 	raw.N_ethertypes, raw.Ethertypes = pol.N_ethertypes, pol.Ethertypes
 	raw.N_protocols, raw.Protocols = pol.N_protocols, pol.Protocols
 	raw.GatewayIpv4, raw.GatewayIpv6 = gw.Ipv4, gw.Ipv6
@@ -249,6 +260,7 @@ func rulesFrom(t datapathTapRules) Rules {
 	if raw.Mac != [6]uint8{} {
 		r.MAC = HardwareAddr(raw.Mac[:])
 	}
+	r.Unbound = raw.Flags&rulesUnbound != 0
 	for _, p := range raw.Prefixes4[:min(int(raw.N_prefixes4), MaxPrefixes)] {
 		r.Prefixes = append(r.Prefixes, netip.PrefixFrom(netip.AddrFrom4(p.Addr), int(p.Len)))
 	}

@@ -92,6 +92,17 @@ type Registry struct {
 	dp  *datapath.Datapath
 	ns  *os.File // nil: the caller's namespace
 	log *slog.Logger
+	// Bindings says what an older build's ADD registered an interface
+	// with, so that taking it over binds it; nil: nothing says it.
+	Bindings BindingSource
+}
+
+// BindingSource rebuilds the registration an older build's ADD made for
+// the interface ifindex of identity id, from a record of that ADD (the
+// runtime's). An error says why it cannot: the interface is then left
+// unbound, and counted so.
+type BindingSource interface {
+	Registration(ifindex uint32, id identity.Identity) (Registration, error)
 }
 
 // New returns a Registry over dp for interfaces in namespace ns (nil for the

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"slices"
 
@@ -12,6 +13,7 @@ import (
 	ciliumlink "github.com/cilium/ebpf/link"
 
 	"github.com/datum-cloud/galactic-node/ebpf/datapath"
+	"github.com/datum-cloud/galactic-node/node/identity"
 )
 
 // Program is the program one interface's pinned TCX link runs.
@@ -236,10 +238,14 @@ func (r *Registry) copyOlderRows(ifindex uint32, ports *hostPortIndex) (bool, er
 	if err != nil {
 		return false, fmt.Errorf("copy an older build's rows: %w", err)
 	}
-	policy.AllowSpoofing = true
-	reg := Registration{Identity: IdentityOf(binding.VPC, binding.Attachment), Table: binding.Table, Egress: egress, Policy: policy, Gateway: gateway}
-	for _, p := range hostPorts {
-		reg.HostOnlyPorts = append(reg.HostOnlyPorts, ProtoPort{Protocol: p.Protocol, Port: p.Port})
+	id := IdentityOf(binding.VPC, binding.Attachment)
+	reg, unboundWhy := r.boundRegistration(ifindex, id, binding.Table)
+	if unboundWhy != "" {
+		policy.AllowSpoofing = true
+		reg = Registration{Identity: id, Table: binding.Table, Egress: egress, Policy: policy, Gateway: gateway}
+		for _, p := range hostPorts {
+			reg.HostOnlyPorts = append(reg.HostOnlyPorts, ProtoPort{Protocol: p.Protocol, Port: p.Port})
+		}
 	}
 	if err := reg.validate(ifindex); err != nil {
 		return false, fmt.Errorf("copy an older build's rows: %w", err)
@@ -247,14 +253,37 @@ func (r *Registry) copyOlderRows(ifindex uint32, ports *hostPortIndex) (bool, er
 	if err := d.TapFragments.Ensure(ifindex); err != nil {
 		return false, fmt.Errorf("copy an older build's rows: %w", err)
 	}
-	if err := d.TapRules.Create(ifindex, reg.Rules(ifindex)); errors.Is(err, ebpf.ErrKeyExist) {
+	rules := reg.Rules(ifindex)
+	rules.Unbound = unboundWhy != ""
+	if err := d.TapRules.Create(ifindex, rules); errors.Is(err, ebpf.ErrKeyExist) {
 		return false, nil
 	} else if err != nil {
 		return false, fmt.Errorf("copy an older build's rows: %w", err)
 	}
-	r.log.Info("rows of an older build copied for this build's program; anti-spoofing stays off until the tap is added again (no address of it is known)",
-		"ifindex", ifindex, "identity", reg.Identity.String())
+	if rules.Unbound {
+		r.log.Warn("an older build's tap taken over unbound: anti-spoofing stays off for it until its pod or VM is added again",
+			"ifindex", ifindex, "identity", id.String(), "why", unboundWhy)
+	} else {
+		r.log.Info("an older build's tap taken over and bound to the MAC and addresses of its ADD, from the runtime's record of it",
+			"ifindex", ifindex, "identity", id.String(), "mac", net.HardwareAddr(reg.MAC).String(), "addresses", reg.Addresses)
+	}
 	return true, nil
+}
+
+// boundRegistration is what the older build's ADD registered ifindex with,
+// from the binding source; why it is not known otherwise ("" when it is).
+func (r *Registry) boundRegistration(ifindex uint32, id identity.Identity, table uint32) (Registration, string) {
+	if r.Bindings == nil {
+		return Registration{}, "no record of its ADD is read on this node"
+	}
+	reg, err := r.Bindings.Registration(ifindex, id)
+	switch {
+	case err != nil:
+		return Registration{}, err.Error()
+	case reg.Identity != id || reg.Table != table:
+		return Registration{}, fmt.Sprintf("the record of its ADD names %v in table %d, the tap is %v in table %d", reg.Identity, reg.Table, id, table)
+	}
+	return reg, ""
 }
 
 // hostPortIndex is the host_only_port map by ifindex, dumped once on first

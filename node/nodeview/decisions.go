@@ -23,6 +23,7 @@ type decisionCollector struct {
 	recordsLost                 *prometheus.Desc
 	recordsRead, recordsMissed  *prometheus.Desc
 	followers, monitorAvailable *prometheus.Desc
+	unbound                     *prometheus.Desc
 }
 
 // DecisionCollector returns a collector of
@@ -31,7 +32,8 @@ type decisionCollector struct {
 // galactic_ebpf_drop_records_lost_total{reason},
 // galactic_node_drop_records_read_total,
 // galactic_node_drop_records_missed_total,
-// galactic_node_drop_followers and galactic_node_drop_monitor_available.
+// galactic_node_drop_followers, galactic_node_drop_monitor_available and
+// galactic_ebpf_taps_unbound.
 func (v *Views) DecisionCollector() prometheus.Collector {
 	return &decisionCollector{
 		views: v,
@@ -50,13 +52,15 @@ func (v *Views) DecisionCollector() prometheus.Collector {
 			"Records of dropped frames that followers of GET /v1/drops?follow=true missed by reading too slowly.", nil, nil),
 		followers: prometheus.NewDesc("galactic_node_drop_followers",
 			"Live feeds of GET /v1/drops?follow=true now.", nil, nil),
+		unbound: prometheus.NewDesc("galactic_ebpf_taps_unbound",
+			"Taps taken over from an older build that no record of their ADD could bind to their MAC and addresses: anti-spoofing is off for them until an ADD registers them (galactic-node taps: BOUND).", nil, nil),
 		monitorAvailable: prometheus.NewDesc("galactic_node_drop_monitor_available",
 			"1 when the daemon reads the program's records of dropped frames, 0 when it cannot (/v1/drops says why).", nil, nil),
 	}
 }
 
 func (c *decisionCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.decisions, c.unattributed, c.recordsLost, c.recordsRead, c.recordsMissed, c.followers, c.monitorAvailable} {
+	for _, d := range []*prometheus.Desc{c.decisions, c.unattributed, c.recordsLost, c.recordsRead, c.recordsMissed, c.followers, c.monitorAvailable, c.unbound} {
 		ch <- d
 	}
 }
@@ -79,6 +83,11 @@ func (c *decisionCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	if v.Datapath != nil {
+		if unbound, err := v.unboundTaps(); err != nil {
+			ch <- prometheus.NewInvalidMetric(c.unbound, err)
+		} else {
+			ch <- prometheus.MustNewConstMetric(c.unbound, prometheus.GaugeValue, float64(len(unbound)))
+		}
 		for _, r := range []datapath.Reason{datapath.ReasonPolicyUnavailable, datapath.ReasonIdentityUnavailable, datapath.ReasonDecisionsFull} {
 			if n, err := v.Datapath.Unattributed.Get(r); err != nil {
 				ch <- prometheus.NewInvalidMetric(c.unattributed, err)

@@ -116,6 +116,10 @@ type TapView struct {
 	// nil when the counters could not be read (DecisionsError says why).
 	Decisions      map[datapath.Decision]uint64 `json:"decisions"`
 	DecisionsError string                       `json:"decisionsError,omitempty"`
+	// Unbound: the tap was taken over from an older build without its
+	// MAC and addresses (no record of its ADD said them), so anti-spoofing
+	// is off for it until an ADD registers it.
+	Unbound bool `json:"unbound"`
 }
 
 // Dropped is how many of the tap's frames the program dropped: denied,
@@ -169,6 +173,7 @@ func (v *Views) Taps(ctx context.Context) ([]TapView, error) {
 		programs, _ = v.Registry.Programs()
 	}
 	counts, countsErr := v.decisionCounts()
+	unbound, _ := v.unboundTaps()
 	views := []TapView{}
 	for _, t := range link.TenantTaps(links) {
 		held, why := holder.Held(t)
@@ -195,6 +200,7 @@ func (v *Views) Taps(ctx context.Context) ([]TapView, error) {
 		if p, ok := programs[t.Index]; ok {
 			view.Program = &p
 		}
+		view.Unbound = unbound[t.Index]
 		if countsErr != nil {
 			view.DecisionsError = countsErr.Error()
 		} else {
@@ -295,6 +301,63 @@ type Status struct {
 	// process. No removal depends on it.
 	HolderScan HolderScanStatus `json:"holderScan"`
 	Programs   ProgramStatus    `json:"programs"`
+	// Unbound are the taps taken over from an older build that run without
+	// anti-spoofing until an ADD binds them (GalacticTapsUnbound).
+	Unbound UnboundStatus `json:"unbound"`
+}
+
+// UnboundStatus counts the unbound taps and names the first MaxNamedUnbound.
+type UnboundStatus struct {
+	Count int      `json:"count"`
+	Taps  []string `json:"taps"`
+	Error string   `json:"error,omitempty"`
+}
+
+// MaxNamedUnbound bounds the taps /v1/status names; taps names them all.
+const MaxNamedUnbound = 20
+
+// unboundTaps returns the ifindexes whose tap_rules row is marked unbound.
+func (v *Views) unboundTaps() (map[uint32]bool, error) {
+	if v.Datapath == nil {
+		return nil, errors.New("no datapath opened")
+	}
+	rows, err := v.Datapath.TapRules.Dump(0)
+	if err != nil {
+		return nil, fmt.Errorf("read tap_rules: %w", err)
+	}
+	out := map[uint32]bool{}
+	for _, r := range rows {
+		if r.Value.Unbound && r.Value.Ifindex == r.Key {
+			out[r.Key] = true
+		}
+	}
+	return out, nil
+}
+
+// Unbound counts and names the unbound taps.
+func (v *Views) Unbound(ctx context.Context) UnboundStatus {
+	st := UnboundStatus{Taps: []string{}}
+	unbound, err := v.unboundTaps()
+	if err != nil {
+		st.Error = err.Error()
+		return st
+	}
+	st.Count = len(unbound)
+	if st.Count == 0 || v.Links == nil {
+		return st
+	}
+	links, err := v.Links.Links(ctx)
+	if err != nil {
+		st.Error = err.Error()
+		return st
+	}
+	for _, l := range links {
+		if unbound[l.Index] && len(st.Taps) < MaxNamedUnbound {
+			st.Taps = append(st.Taps, l.Name)
+		}
+	}
+	slices.Sort(st.Taps)
+	return st
 }
 
 // ProgramStatus says which program the daemon runs and how many attached
@@ -377,6 +440,7 @@ func (v *Views) Status(ctx context.Context) Status {
 	st.HolderScan = v.HolderScan(ctx)
 	if v.Datapath != nil {
 		st.Programs = v.Programs()
+		st.Unbound = v.Unbound(ctx)
 		for _, t := range v.Datapath.Tables() {
 			l := t.Layout()
 			fill := MapFill{Name: l.Name, Type: l.Type, MaxEntries: l.MaxEntries, Rows: -1} // -1: could not be counted

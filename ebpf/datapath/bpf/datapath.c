@@ -101,6 +101,8 @@ enum lost { LOST_RING_FULL = 0, LOST_RATE_LIMITED = 1, LOST_MAX = 2 };
 
 // traffic_policy.flags and tap_rules.flags
 #define POLICY_SPOOFING_ALLOWED 0x1 // anti-spoofing off (it is on by default)
+// tap_rules.flags only
+#define RULES_UNBOUND 0x2 // derived from an older build's rows, no binding known: operators see it, the program ignores it
 
 struct vrf_binding {
 	__u32 table;
