@@ -322,7 +322,7 @@ func TestAnAttachmentThatWouldBeBlackHoledIsRefused(t *testing.T) {
 	}
 
 	for name, extra := range map[string]map[string]any{
-		"ips capability": {"routes": []string{}, "runtimeConfig": map[string]any{"ips": []string{"10.10.0.4/24"}}},
+		"ips capability":    {"routes": []string{}, "runtimeConfig": map[string]any{"ips": []string{"10.10.0.4/24"}}},
 		"anti-spoofing off": {"routes": []string{}, "policy": map[string]any{"allowSpoofing": true}},
 		"no IP admitted":    {"routes": []string{}, "policy": map[string]any{"ethertypes": []int{0x88cc}}},
 	} {
