@@ -97,7 +97,7 @@ func (d *Datapath) OpenDropMonitor() (*DropMonitor, error) {
 	}
 	var ts unix.Timespec
 	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
-		r.Close()
+		_ = r.Close()
 		return nil, fmt.Errorf("read the monotonic clock: %w", err)
 	}
 	return &DropMonitor{r: r, bootWall: time.Now().Add(-time.Duration(ts.Nano()))}, nil

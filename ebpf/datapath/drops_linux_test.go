@@ -40,12 +40,12 @@ func readDrops(t *testing.T, m *datapath.DropMonitor, want int, wait time.Durati
 			}
 			out = append(out, x.r)
 		case <-deadline:
-			m.Close()
+			_ = m.Close()
 			<-done
 			return out
 		}
 	}
-	m.Close()
+	_ = m.Close()
 	<-done
 	return out
 }
@@ -73,7 +73,7 @@ func TestADroppedFrameIsRecordedWithItsHeadersAndAnAllowedOneIsNot(t *testing.T)
 		t.Fatalf("records: %+v, want exactly the spoofed frame's", recs)
 	}
 	r := recs[0]
-	if r.Ifindex != uint32(s.ifindex) || r.VPC != s.id.VPC || r.Attachment != s.id.Attachment || r.NoRules ||
+	if r.Ifindex != s.ifindex || r.VPC != s.id.VPC || r.Attachment != s.id.Attachment || r.NoRules ||
 		r.Decision != datapath.DecisionSpoofed || r.Rule != 10 || datapath.RuleName(r.Rule) != "anti-spoofing, IP" {
 		t.Fatalf("record %+v: want tap %d, identity %v, spoofed by rule 10", r, s.ifindex, s.id)
 	}
@@ -142,7 +142,7 @@ func TestAFloodIsRecordedWithinItsTapsBudget(t *testing.T) {
 	ofTap, ofOther := 0, 0
 	for _, r := range recs {
 		switch r.Ifindex {
-		case uint32(s.ifindex):
+		case s.ifindex:
 			ofTap++
 		case l.Index:
 			if !r.NoRules || r.Rule != 1 {

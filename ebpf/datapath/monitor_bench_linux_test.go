@@ -80,7 +80,7 @@ func BenchmarkDropMonitor(b *testing.B) {
 			read.Add(1)
 		}
 	}()
-	b.Cleanup(func() { mon.Close(); <-drained })
+	b.Cleanup(func() { _ = mon.Close(); <-drained })
 
 	frames := map[string][]byte{
 		"allowed": udp4(brMAC, vm4, far4, 40000, 9999, ipv4Opts{})(nil)[0],

@@ -43,7 +43,7 @@ func TestWithoutTheDaemonNoFrameReachesAnotherMachineAfterAnAddressLeavesTheHost
 	}); err != nil {
 		t.Fatal(err)
 	}
-	defer sock.Close()
+	defer func() { _ = sock.Close() }()
 
 	// The host's address: the lookup's answer, cached.
 	if got := s.judge4(t, moved, 53); got != "map[host_only:1]" {

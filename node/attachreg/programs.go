@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"slices"
 
@@ -265,7 +264,7 @@ func (r *Registry) copyOlderRows(ifindex uint32, ports *hostPortIndex) (bool, er
 			"ifindex", ifindex, "identity", id.String(), "why", unboundWhy)
 	} else {
 		r.log.Info("an older build's tap taken over and bound to the MAC and addresses of its ADD, from the runtime's record of it",
-			"ifindex", ifindex, "identity", id.String(), "mac", net.HardwareAddr(reg.MAC).String(), "addresses", reg.Addresses)
+			"ifindex", ifindex, "identity", id.String(), "mac", reg.MAC.String(), "addresses", reg.Addresses)
 	}
 	return true, nil
 }
