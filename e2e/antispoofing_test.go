@@ -67,16 +67,18 @@ func (n *node) scenarioAnAttachmentWithoutAddressesIsRefusedAndSpoofingShows(t *
 	if got := n.metric(t, `galactic_ebpf_decisions_total{decision="spoofed"}`); got < spoofedBefore+20 {
 		t.Fatalf("galactic_ebpf_decisions_total{decision=\"spoofed\"} went from %v to %v, want 20 more", spoofedBefore, got)
 	}
-	var views []struct {
-		Name      string            `json:"name"`
-		Decisions map[string]uint64 `json:"decisions"`
+	var views struct {
+		Items []struct {
+			Name      string            `json:"name"`
+			Decisions map[string]uint64 `json:"decisions"`
+		} `json:"items"`
 	}
 	out, err := n.galacticNode("taps", "-o", "json")
 	if err != nil || json.Unmarshal([]byte(out), &views) != nil {
 		t.Fatalf("taps -o json: %v: %s", err, out)
 	}
 	found := false
-	for _, v := range views {
+	for _, v := range views.Items {
 		if v.Name == tap.Name {
 			found = true
 			if v.Decisions["spoofed"] < 20 {
