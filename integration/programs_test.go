@@ -145,10 +145,11 @@ func TestTheDaemonMovesEveryTapToItsProgram(t *testing.T) {
 			t.Errorf("program tap_ingress_%s is still pinned though no tap runs it", build)
 		}
 	}
-	// Its rows were copied before the move, anti-spoofing off (the older
-	// rows name no address of it).
+	// Its rows were copied before the move, anti-spoofing off and marked
+	// unbound: the older rows name no address of it, and no runtime's
+	// record of its ADD does (the scene's runtime keeps none).
 	got, err := dp.TapRules.Get(d1.Index)
-	want.Policy.AllowSpoofing, want.MAC, want.Prefixes = true, nil, nil
+	want.Policy.AllowSpoofing, want.MAC, want.Prefixes, want.Unbound = true, nil, nil, true
 	if err != nil || fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("tap_rules of the tap an older build registered: %+v (%v), want %+v", got, err, want)
 	}
