@@ -2,6 +2,8 @@ package reclaim
 
 import (
 	"fmt"
+	"maps"
+	"reflect"
 	"slices"
 	"time"
 )
@@ -27,7 +29,22 @@ import (
 // shrunk further for BrakeReleaseAfter, or when no candidate is left to
 // hold (the objects came back). A release accepts the candidates of
 // that moment: they go at the per-pass cap's pace, and the brake weighs only
-// taps found stale after it.
+// taps found stale after it. Every release by an operator, whether or not
+// the brake was engaged, also resets the inventory's peak to its size then.
+//
+// Small inventories are treated apart, as the node lifecycle controller
+// treats clusters of at most --large-cluster-size-threshold (50) nodes: in a
+// cluster of a few tenants, the departure of three of five looks to the
+// shrink rule like a deleted CRD, and it would hold every later removal,
+// even of a single tap, until released. Below LargeInventory identities at
+// the peak the shrink rule weighs only a pass that would remove at least
+// MassRemovalMin taps: a mass on its own. A single departure goes; a
+// deleted CRD, which leaves every tap of the tenants on the node stale at
+// once, is still held (and so is any such mass, by the share rule).
+//
+// The brake's memory (BrakeMemory) outlives the daemon when Config.Memory
+// is set: a restart, an OOM kill or a rollout during an incident must not
+// release it.
 
 // Brake defaults.
 const (
@@ -36,6 +53,9 @@ const (
 	DefaultInventoryShrinkShare = 0.5
 	DefaultShrinkWindow         = time.Hour
 	DefaultBrakeReleaseAfter    = time.Hour
+	// DefaultLargeInventory is --large-cluster-size-threshold's default:
+	// below it, the shrink rule weighs only a mass on its own.
+	DefaultLargeInventory = 50
 	// DefaultMaxReclaimsPerPass paces even a released mass removal: at
 	// one pass a minute, ten taps a minute.
 	DefaultMaxReclaimsPerPass = 10
@@ -59,6 +79,9 @@ type Brake struct {
 	// LastRelease says how the brake was last released, and when.
 	LastRelease   string    `json:"lastRelease,omitempty"`
 	LastReleaseAt time.Time `json:"lastReleaseAt,omitzero"`
+	// MemoryError says why the brake's memory could not be saved the
+	// last time it changed: a restart now would forget what changed.
+	MemoryError string `json:"memoryError,omitempty"`
 }
 
 // BrakeReport is what the brake did in one pass.
@@ -72,9 +95,37 @@ type BrakeReport struct {
 	Released string `json:"released,omitempty"`
 }
 
-type sizeSample struct {
-	at         time.Time
-	identities int
+// SizeSample is the identities a healthy pass's inventory carried.
+type SizeSample struct {
+	At         time.Time `json:"at"`
+	Identities int       `json:"identities"`
+}
+
+// AcceptedTap is a candidate a release accepted: its ifindex, identity,
+// name and owner as they were then.
+type AcceptedTap struct {
+	Tap       TapRef    `json:"tap"`
+	FirstSeen time.Time `json:"firstSeen"`
+}
+
+// BrakeMemory is everything the brake decides from besides a pass's own
+// inputs: its view, the fewest identities since it engaged (the clock of
+// the release on its own), the samples that hold the inventory's peak, and
+// what a release accepted.
+type BrakeMemory struct {
+	Brake    Brake         `json:"brake"`
+	Lowest   int           `json:"lowest"`
+	LowestAt time.Time     `json:"lowestAt,omitzero"`
+	Sizes    []SizeSample  `json:"sizes"`
+	Accepted []AcceptedTap `json:"accepted"`
+}
+
+// BrakeMemoryStore keeps the brake's memory where a restart finds it; the
+// daemon's is a file on the node (brakefile.File). Save is called after
+// each pass that changed the memory; an error is logged and the pass goes
+// on, since the memory in the daemon is still right.
+type BrakeMemoryStore interface {
+	Save(BrakeMemory) error
 }
 
 // brakeState is the brake's memory between passes; only passes touch it,
@@ -85,11 +136,16 @@ type brakeState struct {
 	// lowestAt when that was: the clock of the release on its own.
 	lowest   int
 	lowestAt time.Time
-	// sizes are the identities of recent healthy passes, oldest first.
-	sizes []sizeSample
+	// sizes are the identities of recent healthy passes, oldest first,
+	// each larger than every later one: a sample that a later one
+	// equals or exceeds can never again be the window's peak, since the
+	// later one leaves the window after it.
+	sizes []SizeSample
 	// accepted holds the candidates a release accepted, by ifindex and the
 	// identity, name and owner they had then.
 	accepted map[uint32]candidate
+	// saved is the memory last written to Config.Memory.
+	saved *BrakeMemory
 }
 
 // observeSize records a healthy pass's inventory size and returns the peak
@@ -97,17 +153,20 @@ type brakeState struct {
 func (r *Reclaimer) observeSize(now time.Time, identities int) (peak int) {
 	b := &r.brake
 	cut := 0
-	for cut < len(b.sizes) && now.Sub(b.sizes[cut].at) > r.cfg.ShrinkWindow {
+	for cut < len(b.sizes) && now.Sub(b.sizes[cut].At) > r.cfg.ShrinkWindow {
 		cut++
 	}
 	b.sizes = b.sizes[cut:]
-	for _, s := range b.sizes {
-		peak = max(peak, s.identities)
+	if len(b.sizes) > 0 {
+		peak = b.sizes[0].Identities
+	}
+	for len(b.sizes) > 0 && b.sizes[len(b.sizes)-1].Identities <= identities {
+		b.sizes = b.sizes[:len(b.sizes)-1]
 	}
 	if len(b.sizes) >= maxShrinkSamples {
 		b.sizes = slices.Delete(b.sizes, 0, len(b.sizes)-maxShrinkSamples+1)
 	}
-	b.sizes = append(b.sizes, sizeSample{now, identities})
+	b.sizes = append(b.sizes, SizeSample{now, identities})
 	return peak
 }
 
@@ -128,7 +187,8 @@ func (r *Reclaimer) brakeRule(confirmed []candidate, stamped, peak, identities i
 		return fmt.Sprintf("%d of the node's %d stamped taps confirmed stale at once (more than %.0f%%, and at least %d)",
 			weighed, stamped, share*100, min)
 	}
-	if share := r.cfg.InventoryShrinkShare; share < 1 && peak-identities >= min && float64(peak-identities) > share*float64(peak) {
+	small := peak < r.cfg.LargeInventory && weighed < min
+	if share := r.cfg.InventoryShrinkShare; share < 1 && !small && peak-identities >= min && float64(peak-identities) > share*float64(peak) {
 		return fmt.Sprintf("the identities the cluster carries fell from %d to %d within %s (more than %.0f%%, and at least %d)",
 			peak, identities, r.cfg.ShrinkWindow, share*100, min)
 	}
@@ -171,6 +231,12 @@ func (r *Reclaimer) applyBrake(now time.Time, confirmed []candidate, next map[ui
 	}
 	why := r.brakeRule(confirmed, stamped, peak, identities)
 	if why == "" {
+		if opts.AllowMassRemoval && !opts.DryRun && rep.Released == "" {
+			// The operator's word covers the departures behind the
+			// peak too: without this, a shrink they just judged
+			// ordinary would hold the next removal.
+			rep.Released = r.releaseBrake(now, next, "by an operator (allow mass removal): nothing was held; the inventory's peak was reset")
+		}
 		return rep
 	}
 	if opts.AllowMassRemoval {
@@ -187,6 +253,9 @@ func (r *Reclaimer) applyBrake(now time.Time, confirmed []candidate, next map[ui
 	r.log.Warn("mass-removal brake engaged: passes remove nothing until it is released",
 		"reason", why, "held", len(confirmed), "releases_at", b.view.ReleasesAt,
 		"release", "galactic-node pass --allow-mass-removal")
+	if r.events != nil {
+		r.events.BrakeEngaged(b.view)
+	}
 	return BrakeReport{Engaged: true, Reason: why, Held: len(confirmed)}
 }
 
@@ -201,17 +270,104 @@ func (r *Reclaimer) releaseBrake(now time.Time, next map[uint32]candidate, how s
 	for ix, c := range next {
 		b.accepted[ix] = c
 	}
-	b.sizes = nil
+	// The peak restarts from this pass's size (the newest sample): a
+	// shrink after the release is weighed afresh.
+	b.sizes = b.sizes[max(len(b.sizes)-1, 0):]
 	b.view = Brake{LastRelease: how, LastReleaseAt: now}
 	r.log.Warn("mass-removal brake released", "how", how, "accepted", len(next))
+	if r.events != nil {
+		r.events.BrakeReleased(how, len(next))
+	}
 	return how
+}
+
+// memory returns the brake's memory as a store keeps it.
+func (b *brakeState) memory() BrakeMemory {
+	m := BrakeMemory{Brake: b.view, Lowest: b.lowest, LowestAt: b.lowestAt, Sizes: slices.Clone(b.sizes), Accepted: []AcceptedTap{}}
+	if m.Sizes == nil {
+		m.Sizes = []SizeSample{}
+	}
+	for _, ix := range slices.Sorted(maps.Keys(b.accepted)) {
+		c := b.accepted[ix]
+		m.Accepted = append(m.Accepted, AcceptedTap{Tap: c.TapRef, FirstSeen: c.firstSeen})
+	}
+	return m
+}
+
+// RestoreBrake gives the reclaimer the brake's memory a store kept, before
+// its first pass: an engaged brake stays engaged, with its reason and
+// since, and the inventory's peak and what a release accepted stay.
+func (r *Reclaimer) RestoreBrake(m BrakeMemory) {
+	r.passMu.Lock()
+	defer r.passMu.Unlock()
+	b := &r.brake
+	b.view, b.lowest, b.lowestAt = m.Brake, m.Lowest, m.LowestAt
+	b.sizes = slices.Clone(m.Sizes)
+	b.accepted = make(map[uint32]candidate, len(m.Accepted))
+	for _, a := range m.Accepted {
+		b.accepted[a.Tap.Ifindex] = candidate{TapRef: a.Tap, firstSeen: a.FirstSeen, passes: 2}
+	}
+	saved := b.memory()
+	b.saved = &saved
+	r.publishBrake()
+	if b.view.Engaged {
+		r.log.Warn("mass-removal brake engaged before the restart: it still holds", "since", b.view.Since, "reason", b.view.Reason,
+			"releases_at", b.view.ReleasesAt, "release", "galactic-node pass --allow-mass-removal")
+	}
+}
+
+// EngageBrake engages the brake for why, with no pass behind it: the
+// daemon does so when the brake's memory could not be read, since it
+// cannot tell whether the brake held before it started.
+func (r *Reclaimer) EngageBrake(why string) {
+	r.passMu.Lock()
+	defer r.passMu.Unlock()
+	now := time.Now()
+	b := &r.brake
+	b.view = Brake{Engaged: true, Since: now, Reason: why, LastRelease: b.view.LastRelease, LastReleaseAt: b.view.LastReleaseAt}
+	b.lowest, b.lowestAt = 0, now
+	if r.cfg.BrakeReleaseAfter > 0 {
+		b.view.ReleasesAt = now.Add(r.cfg.BrakeReleaseAfter)
+	}
+	r.publishBrake()
+	r.saveBrake()
+	r.log.Warn("mass-removal brake engaged: passes remove nothing until it is released", "reason", why,
+		"releases_at", b.view.ReleasesAt, "release", "galactic-node pass --allow-mass-removal")
+	if r.events != nil {
+		r.events.BrakeEngaged(b.view)
+	}
+}
+
+// saveBrake writes the brake's memory to the store if it changed since
+// the last write.
+func (r *Reclaimer) saveBrake() {
+	if r.cfg.Memory == nil {
+		return
+	}
+	m := r.brake.memory()
+	if r.brake.saved != nil && reflect.DeepEqual(*r.brake.saved, m) {
+		return
+	}
+	if err := r.cfg.Memory.Save(m); err != nil {
+		r.log.Error("the brake's memory could not be saved: a restart now would forget it", "error", err)
+		r.mu.Lock()
+		r.brakeSaveErr = err.Error()
+		r.mu.Unlock()
+		return
+	}
+	r.brake.saved = &m
+	r.mu.Lock()
+	r.brakeSaveErr = ""
+	r.mu.Unlock()
 }
 
 // Brake returns the brake's state.
 func (r *Reclaimer) Brake() Brake {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.brakeView
+	b := r.brakeView
+	b.MemoryError = r.brakeSaveErr
+	return b
 }
 
 // publishBrake copies the brake's state for views.

@@ -109,21 +109,21 @@ func TestHalfOfTheTapsIsNoMassRemoval(t *testing.T) {
 	}
 }
 
-// A cluster whose carried identities fell from 40 to 10 (a CRD reinstalled,
+// A cluster whose carried identities fell from 60 to 10 (a CRD reinstalled,
 // `delete --all` then one re-create elsewhere) engages the brake even when
 // this node loses only one of its ten taps. Fails if the shrink rule is
 // deleted.
 func TestAShrunkInventoryEngagesTheBrake(t *testing.T) {
 	ids := staleIDs(10)
-	h := newHarness(carriedInventory(ids, 30), brakeOn())
+	h := newHarness(carriedInventory(ids, 50), brakeOn())
 	for _, id := range ids {
 		h.links.addTap(id, "sandbox", 0, 0)
 	}
 	h.pass(t)
-	h.inv = carriedInventory(ids[1:], 1) // 40 identities to 10; one tap stale
+	h.inv = carriedInventory(ids[1:], 1) // 60 identities to 10; one tap stale
 	h.pass(t)
 	rep := h.pass(t)
-	if len(rep.Reclaimed) != 0 || rep.Brake == nil || !rep.Brake.Engaged || !strings.Contains(rep.Brake.Reason, "fell from 40 to 10") {
+	if len(rep.Reclaimed) != 0 || rep.Brake == nil || !rep.Brake.Engaged || !strings.Contains(rep.Brake.Reason, "fell from 60 to 10") {
 		t.Fatalf("reclaimed %v, brake %+v; want nothing removed by the shrink rule", rep.Reclaimed, rep.Brake)
 	}
 }
@@ -238,5 +238,124 @@ func TestTheBrakeReleasesWhenTheObjectsComeBack(t *testing.T) {
 	h.inv = carriedInventory(ids, 0)
 	if rep := h.pass(t); rep.Brake == nil || !strings.Contains(rep.Brake.Released, "no candidate left") || h.r.Brake().Engaged {
 		t.Fatalf("objects back: brake %+v, state %+v; want released", rep.Brake, h.r.Brake())
+	}
+}
+
+// In a small cluster (5 tenants, 3 of them gone), the departure of a few
+// tenants does not hold a single removal: below LargeInventory the shrink
+// rule weighs only a mass. A mass of the same departure is still held:
+// 17 identities falling to 5 while 4 of the node's 8 taps go stale (half,
+// so not the share rule) engages the brake. Fails if small inventories
+// are not treated apart (the first), or if the shrink rule is deleted (the
+// second).
+func TestASmallClusterLosingAFewTenantsIsNoMass(t *testing.T) {
+	ids := staleIDs(2)
+	h := newHarness(carriedInventory(ids, 3), brakeOn())
+	for _, id := range ids {
+		h.links.addTap(id, "sandbox", 0, 0)
+	}
+	h.pass(t)
+	h.inv = carriedInventory(ids[1:], 1) // 5 identities to 2; one tap stale
+	h.pass(t)
+	if rep := h.pass(t); len(rep.Reclaimed) != 1 || rep.Brake != nil {
+		t.Fatalf("reclaimed %v, brake %+v; want the one stale tap removed", rep.Reclaimed, rep.Brake)
+	}
+
+	ids = staleIDs(8)
+	h = newHarness(carriedInventory(ids, 9), brakeOn())
+	for _, id := range ids {
+		h.links.addTap(id, "sandbox", 0, 0)
+	}
+	h.pass(t)
+	h.inv = carriedInventory(ids[4:], 1) // 17 identities to 5; 4 of 8 taps stale
+	h.pass(t)
+	rep := h.pass(t)
+	if len(rep.Reclaimed) != 0 || rep.Brake == nil || !strings.Contains(rep.Brake.Reason, "fell from 17 to 5") {
+		t.Fatalf("reclaimed %v, brake %+v; want the shrink rule to hold the mass", rep.Reclaimed, rep.Brake)
+	}
+}
+
+// An operator's release on a pass where no rule fires still resets the
+// inventory's peak: a shrink they judged ordinary holds no later removal.
+// Fails if only an engaged brake's release resets the peak.
+func TestAReleaseAlwaysResetsThePeak(t *testing.T) {
+	ids := staleIDs(10)
+	h := newHarness(carriedInventory(ids, 50), brakeOn())
+	for _, id := range ids {
+		h.links.addTap(id, "sandbox", 0, 0)
+	}
+	h.pass(t)
+	h.inv = carriedInventory(ids, 1) // 60 to 11: tenants elsewhere left
+	rep := h.r.Pass(context.Background(), PassOptions{AllowMassRemoval: true})
+	if rep.Brake == nil || !strings.Contains(rep.Brake.Released, "peak was reset") {
+		t.Fatalf("release with nothing held: brake %+v, want the peak reset", rep.Brake)
+	}
+	h.inv = carriedInventory(ids[1:], 1) // one of the node's taps goes stale
+	h.pass(t)
+	if rep := h.pass(t); len(rep.Reclaimed) != 1 || rep.Brake != nil {
+		t.Fatalf("reclaimed %v, brake %+v; want the one stale tap removed", rep.Reclaimed, rep.Brake)
+	}
+}
+
+// memoryStore is a BrakeMemoryStore in memory: the file itself is
+// brakefile's, tested there and through the daemon's restart tests.
+type memoryStore struct {
+	saved []BrakeMemory
+}
+
+func (m *memoryStore) Save(b BrakeMemory) error { m.saved = append(m.saved, b); return nil }
+
+func (m *memoryStore) last() BrakeMemory { return m.saved[len(m.saved)-1] }
+
+// A reclaimer given the memory another one saved holds what that one held:
+// the brake engaged by the shrink rule alone, with its reason and since,
+// and the peak. Without RestoreBrake the second removes the four taps.
+func TestARestoredBrakeStillHolds(t *testing.T) {
+	ids := staleIDs(8)
+	store := &memoryStore{}
+	cfg := brakeOn()
+	cfg.Memory = store
+	h := newHarness(carriedInventory(ids, 52), cfg)
+	for _, id := range ids {
+		h.links.addTap(id, "sandbox", 0, 0)
+	}
+	h.pass(t)
+	h.inv = carriedInventory(ids[4:], 1) // 60 to 5; 4 of 8 stale
+	h.pass(t)
+	if rep := h.pass(t); rep.Brake == nil || !rep.Brake.Engaged {
+		t.Fatalf("brake %+v, want engaged", rep.Brake)
+	}
+	before := h.r.Brake()
+	saves := len(store.saved)
+	h.pass(t)
+	if len(store.saved) != saves+1 {
+		// the newest sample changes the memory each pass
+		t.Logf("saves: %d then %d", saves, len(store.saved))
+	}
+
+	again := New(h.links, h.inv, h.reg, h.lock, nil, nil, brakeOffUnlessSet(cfg))
+	again.RestoreBrake(store.last())
+	if got := again.Brake(); !got.Engaged || got.Reason != before.Reason || !got.Since.Equal(before.Since) {
+		t.Fatalf("restored brake %+v, want %+v", got, before)
+	}
+	for range 3 {
+		if rep := again.Pass(context.Background(), PassOptions{}); len(rep.Reclaimed) != 0 {
+			t.Fatalf("the restored reclaimer removed %v", rep.Reclaimed)
+		}
+	}
+}
+
+// A daemon that could not read the brake's memory starts with it engaged,
+// saying why; an operator's release then works as for any engagement.
+func TestABrakeEngagedAtStartHoldsUntilReleased(t *testing.T) {
+	h := newHarness(liveInventory(), brakeOn())
+	h.r.EngageBrake("the brake's memory could not be read")
+	h.links.addTap(staleIDs(1)[0], "sandbox", 0, 0)
+	h.pass(t)
+	if rep := h.pass(t); len(rep.Reclaimed) != 0 || rep.Brake == nil || !rep.Brake.Engaged {
+		t.Fatalf("reclaimed %v, brake %+v; want held", rep.Reclaimed, rep.Brake)
+	}
+	if rep := h.r.Pass(context.Background(), PassOptions{AllowMassRemoval: true}); len(rep.Reclaimed) != 1 {
+		t.Fatalf("released: reclaimed %v", rep.Reclaimed)
 	}
 }
