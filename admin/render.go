@@ -332,7 +332,11 @@ func pendingRowsAt(p []reclaim.Pending, now time.Time) tabular {
 func reportRows(reps []reclaim.Report) tabular {
 	t := tabular{items: reps, header: []string{"STARTED", "DURATION", "RESULT", "DRY RUN", "CANDIDATES", "CONFIRMED", "RECLAIMED", "FAILED", "REASON"}}
 	for _, r := range reps {
-		t.rows = append(t.rows, []string{r.Started.Format(time.RFC3339), r.Finished.Sub(r.Started).Round(time.Microsecond).String(),
+		took := r.Finished.Sub(r.Started).Round(time.Microsecond).String()
+		if r.Result == reclaim.ResultRunning {
+			took = "running " + time.Since(r.Started).Round(time.Millisecond).String()
+		}
+		t.rows = append(t.rows, []string{r.Started.Format(time.RFC3339), took,
 			string(r.Result), strconv.FormatBool(r.DryRun), strconv.Itoa(len(r.Candidates)), strconv.Itoa(len(r.Confirmed)),
 			strconv.Itoa(len(r.Reclaimed)), strconv.Itoa(len(r.Failed)), dash(r.Reason)})
 	}

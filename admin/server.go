@@ -440,7 +440,9 @@ func (h *handler) passes(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *handler) lastPass(w http.ResponseWriter, r *http.Request) {
-	reports := h.b.Passes.Reports()
+	// The last pass is the last finished one; /v1/passes lists the one
+	// in flight too.
+	reports := slices.DeleteFunc(h.b.Passes.Reports(), func(rep reclaim.Report) bool { return rep.Result == reclaim.ResultRunning })
 	if len(reports) == 0 {
 		writeError(w, r, http.StatusNotFound, "no pass has run yet")
 		return

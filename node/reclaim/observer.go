@@ -25,6 +25,9 @@ const (
 	ResultCompleted Result = "completed" // the pass ran to the end, removals or not
 	ResultSkipped   Result = "skipped"   // inputs were not trustworthy: nothing removed
 	ResultFailed    Result = "failed"    // the links could not be read
+	// ResultRunning is the pass in flight, as views list it; no
+	// finished pass has it.
+	ResultRunning Result = "running"
 )
 
 // Maps of cleared orphan state that are not eBPF row maps, as

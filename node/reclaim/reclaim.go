@@ -77,6 +77,29 @@ type Config struct {
 	// the kernel's answer to an attach is what proves a single-queue tap
 	// free. nil keeps every single-queue tap.
 	Prober teardown.Prober
+	// LargeInventory is the peak, in identities, from which the shrink
+	// rule weighs any removal; below it, only a mass (brake.go). 0 means
+	// DefaultLargeInventory, a negative value that every inventory is
+	// large.
+	LargeInventory int
+	// Memory keeps the brake's memory across restarts; nil keeps it in
+	// the daemon only. RestoreBrake gives it back at start.
+	Memory BrakeMemoryStore
+	// Events records removals and the brake where operators look beyond
+	// the node (Kubernetes Events); nil records nothing.
+	Events Recorder
+}
+
+// Recorder records what the reclaim did where operators look beyond the
+// node's log, metrics and admin API: nodeevents records Kubernetes Events.
+// Its methods must not block and cannot fail a pass: a removal never
+// waits for a record of it. A pass makes at most one call per confirmed
+// tap, so never more than the per-pass cap.
+type Recorder interface {
+	TapReclaimed(t TapRef, firstSeen time.Time)
+	TapReclaimFailed(f Failure)
+	BrakeEngaged(b Brake)
+	BrakeReleased(how string, accepted int)
 }
 
 // Reclaimer runs passes, one at a time.
@@ -101,10 +124,15 @@ type Reclaimer struct {
 	unproven error
 
 	// brake is the mass-removal brake's memory; only passes touch it.
-	brake brakeState
+	brake  brakeState
+	events Recorder
 
-	mu         sync.Mutex // guards what views read between passes
-	brakeView  Brake
+	mu           sync.Mutex // guards what views read between passes
+	brakeView    Brake
+	brakeSaveErr string
+	// running is the report of the pass in flight, as far as it got:
+	// views list it first, with result running.
+	running    *Report
 	candidates map[uint32]candidate
 	orphans    map[uint32]orphan
 	history    []Report
@@ -151,6 +179,12 @@ func New(links Links, inv inventory.Source, reg Registry, locks Locker, obs Obse
 	if cfg.MassRemovalMin <= 0 {
 		cfg.MassRemovalMin = DefaultMassRemovalMin
 	}
+	switch {
+	case cfg.LargeInventory == 0:
+		cfg.LargeInventory = DefaultLargeInventory
+	case cfg.LargeInventory < 0:
+		cfg.LargeInventory = 0
+	}
 	if cfg.InventoryShrinkShare <= 0 {
 		cfg.InventoryShrinkShare = DefaultInventoryShrinkShare
 	}
@@ -164,7 +198,7 @@ func New(links Links, inv inventory.Source, reg Registry, locks Locker, obs Obse
 		cfg.BrakeReleaseAfter = 0
 	}
 	remover := &teardown.Remover{Links: links, Registry: reg, Locks: locks, Prober: cfg.Prober, LockTimeout: cfg.LockTimeout, Log: log}
-	return &Reclaimer{links: links, inv: inv, reg: reg, locks: locks, obs: obs, log: log, cfg: cfg, remover: remover}
+	return &Reclaimer{links: links, inv: inv, reg: reg, locks: locks, obs: obs, log: log, cfg: cfg, remover: remover, events: cfg.Events}
 }
 
 // Run runs a pass every interval until ctx ends; interval 0 means passes
@@ -272,23 +306,40 @@ func (r *Reclaimer) Pass(ctx context.Context, opts PassOptions) Report {
 	ctx = context.WithoutCancel(ctx)
 	r.passMu.Lock()
 	defer r.passMu.Unlock()
+	opts.DryRun = opts.DryRun || r.cfg.DryRun
+	started := time.Now()
 	r.mu.Lock()
-	r.passStarted = time.Now()
+	r.passStarted = started
+	r.running = &Report{Started: started, DryRun: opts.DryRun, Result: ResultRunning}
 	r.mu.Unlock()
 	defer func() {
 		r.mu.Lock()
 		r.passStarted = time.Time{}
 		r.mu.Unlock()
 	}()
-	opts.DryRun = opts.DryRun || r.cfg.DryRun
-	rep := r.pass(ctx, opts)
+	rep := r.pass(ctx, started, opts)
 	rep.Finished = time.Now()
+	if r.brake.view.Engaged && rep.Brake == nil {
+		// A pass that stopped before the brake's rules (inputs not
+		// trustworthy) still says that it holds.
+		rep.Brake = &BrakeReport{Engaged: true, Reason: r.brake.view.Reason, Held: r.brake.view.Held}
+	}
+	r.saveBrake()
 	r.record(rep)
 	return rep
 }
 
-func (r *Reclaimer) pass(ctx context.Context, opts PassOptions) Report {
-	rep := Report{Started: time.Now(), DryRun: opts.DryRun}
+// progress updates the running pass's report, for views.
+func (r *Reclaimer) progress(update func(*Report)) {
+	r.mu.Lock()
+	if r.running != nil {
+		update(r.running)
+	}
+	r.mu.Unlock()
+}
+
+func (r *Reclaimer) pass(ctx context.Context, started time.Time, opts PassOptions) Report {
+	rep := Report{Started: started, DryRun: opts.DryRun}
 
 	links, err := r.links.Links(ctx)
 	if err != nil {
@@ -389,6 +440,9 @@ func (r *Reclaimer) pass(ctx context.Context, opts PassOptions) Report {
 		rep.Confirmed = append(rep.Confirmed, c.TapRef)
 		r.log.Info("stale tap confirmed", "tap", c.Name, "ifindex", c.Ifindex, "owner", c.Owner, "passes", c.passes)
 	}
+	r.progress(func(run *Report) {
+		run.Inputs, run.Candidates, run.Confirmed, run.RolledOver = rep.Inputs, slices.Clone(rep.Candidates), slices.Clone(rep.Confirmed), rep.RolledOver
+	})
 	if len(confirmed) > 0 {
 		if err := r.remove(ctx, confirmed, links, opts.DryRun, &rep); err != nil {
 			r.unproven = err
@@ -445,6 +499,7 @@ func (r *Reclaimer) forget() {
 
 func (r *Reclaimer) record(rep Report) {
 	r.mu.Lock()
+	r.running = nil
 	r.history = append(r.history, rep)
 	if len(r.history) > r.cfg.History {
 		r.history = slices.Delete(r.history, 0, len(r.history)-r.cfg.History)
@@ -478,15 +533,31 @@ func (r *Reclaimer) remove(ctx context.Context, confirmed []candidate, dump []li
 		}
 		recheck.proof = &proof
 	}
-	out := r.remover.Remove(ctx, targets, teardown.Options{DryRun: dryRun, Dump: dump, Recheck: recheck})
-	rep.Reclaimed, rep.WouldReclaim, rep.Kept, rep.Failed = out.Removed, out.WouldRemove, out.Kept, out.Failed
 	firstSeen := make(map[uint32]time.Time, len(confirmed))
 	for _, c := range confirmed {
 		firstSeen[c.Ifindex] = c.firstSeen
 	}
+	// Each removal shows in the running pass as it happens, so that a
+	// tap gone is never a tap no report names.
+	progress := func(out teardown.Outcome) {
+		r.progress(func(run *Report) {
+			run.Reclaimed, run.WouldReclaim = slices.Clone(out.Removed), slices.Clone(out.WouldRemove)
+			run.Kept, run.Failed = slices.Clone(out.Kept), slices.Clone(out.Failed)
+		})
+	}
+	out := r.remover.Remove(ctx, targets, teardown.Options{DryRun: dryRun, Dump: dump, Recheck: recheck, Progress: progress})
+	rep.Reclaimed, rep.WouldReclaim, rep.Kept, rep.Failed = out.Removed, out.WouldRemove, out.Kept, out.Failed
 	for _, t := range out.Removed {
 		r.log.Info("stale tap reclaimed", "tap", t.Name, "ifindex", t.Ifindex, "owner", t.Owner,
 			"identity", t.Identity.String(), "first_seen", firstSeen[t.Ifindex])
+	}
+	if r.events != nil {
+		for _, t := range out.Removed {
+			r.events.TapReclaimed(t, firstSeen[t.Ifindex])
+		}
+		for _, f := range out.Failed {
+			r.events.TapReclaimFailed(f)
+		}
 	}
 	return nil
 }

@@ -1,6 +1,7 @@
 package reclaim
 
 import (
+	"slices"
 	"time"
 
 	"github.com/datum-cloud/galactic-node/node/inventory"
@@ -9,8 +10,9 @@ import (
 
 // Report is what one pass read, decided and did.
 type Report struct {
-	Started  time.Time `json:"started"`
-	Finished time.Time `json:"finished"`
+	Started time.Time `json:"started"`
+	// Finished is zero, and left out, while the pass runs.
+	Finished time.Time `json:"finished,omitzero"`
 	DryRun   bool      `json:"dryRun"`
 	Result   Result    `json:"result"`
 	// Reason says why the pass removed nothing, when it was skipped or failed.
@@ -118,13 +120,21 @@ func (r *Reclaimer) Pending() []Pending {
 	return out
 }
 
-// Reports returns the kept pass reports, newest first.
+// Reports returns the kept pass reports, newest first: the pass in flight,
+// if any, first, with result running and what it did so far.
 func (r *Reclaimer) Reports() []Report {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	out := make([]Report, len(r.history))
-	for i, rep := range r.history {
-		out[len(r.history)-1-i] = rep
+	out := make([]Report, 0, len(r.history)+1)
+	if r.running != nil {
+		run := *r.running
+		run.Candidates, run.Confirmed = slices.Clone(run.Candidates), slices.Clone(run.Confirmed)
+		run.Reclaimed, run.WouldReclaim = slices.Clone(run.Reclaimed), slices.Clone(run.WouldReclaim)
+		run.Kept, run.Failed = slices.Clone(run.Kept), slices.Clone(run.Failed)
+		out = append(out, run)
+	}
+	for _, rep := range slices.Backward(r.history) {
+		out = append(out, rep)
 	}
 	return out
 }

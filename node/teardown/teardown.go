@@ -138,6 +138,10 @@ type Options struct {
 	// Dump is a recent link dump, used to choose a free link group; nil
 	// chooses at random (a collision is caught before any delete).
 	Dump []link.Link
+	// Progress, if set, is called with the outcome so far each time a
+	// target is removed, kept or fails, while the VRF locks are held: it
+	// must not block, and must copy what it keeps.
+	Progress func(Outcome)
 }
 
 // Remover removes tenant taps.
@@ -193,6 +197,7 @@ func (rm *Remover) Remove(ctx context.Context, targets []TapRef, opts Options) O
 			o.keep(t, why)
 		} else if opts.DryRun {
 			out.WouldRemove = append(out.WouldRemove, t)
+			o.changed()
 		} else {
 			batch = append(batch, t)
 		}
@@ -451,9 +456,15 @@ func (o *run) deleteGroup(ctx context.Context, batch []TapRef) []TapRef {
 
 // clearRows clears the rows of links already deleted. Ifindexes are not
 // reused until the kernel's counter wraps, so no new link owns these rows.
+// The links are gone before their rows: they count as removed, and the
+// caller hears so, before the first row is touched.
 func (o *run) clearRows(ctx context.Context, deleted []TapRef) {
+	if len(deleted) == 0 {
+		return
+	}
+	o.out.Removed = append(o.out.Removed, deleted...)
+	o.changed()
 	for _, t := range deleted {
-		o.out.Removed = append(o.out.Removed, t)
 		if err := o.rm.Registry.UnregisterInterface(context.WithoutCancel(ctx), t.Ifindex); err != nil {
 			o.fail(t, StageRows, fmt.Errorf("tap deleted, rows left for the orphan collection: %w", err))
 		}
@@ -463,12 +474,21 @@ func (o *run) clearRows(ctx context.Context, deleted []TapRef) {
 
 func (o *run) keep(t TapRef, why string) {
 	o.out.Kept = append(o.out.Kept, Kept{Tap: t, Why: why})
+	o.changed()
 	o.log.Info("tap kept", "tap", t.Name, "ifindex", t.Ifindex, "owner", t.Owner, "why", why)
 }
 
 func (o *run) fail(t TapRef, stage Stage, err error) {
 	o.out.Failed = append(o.out.Failed, Failure{Tap: t, Stage: stage, Error: err.Error()})
+	o.changed()
 	o.log.Warn("tap removal failed", "tap", t.Name, "ifindex", t.Ifindex, "stage", stage, "error", err)
+}
+
+// changed tells the caller's Progress what the outcome is now.
+func (o *run) changed() {
+	if o.opts.Progress != nil {
+		o.opts.Progress(*o.out)
+	}
 }
 
 // groupBase marks link groups this package reserves ('G' in the top byte);

@@ -117,6 +117,17 @@ func (m *Metrics) SetConfig(dryRun bool, interval time.Duration) {
 	m.interval.Set(max(interval, 0).Seconds())
 }
 
+// SetBrake exports the brake's state outside a pass: at start, from the
+// memory a restart found.
+func (m *Metrics) SetBrake(engaged bool, held int) {
+	v := 0.0
+	if engaged {
+		v = 1
+	}
+	m.brake.Set(v)
+	m.brakeHeld.Set(float64(held))
+}
+
 var _ reclaim.Observer = (*Metrics)(nil)
 
 // Malformed implements reclaim.Observer: both kinds' counts are always
