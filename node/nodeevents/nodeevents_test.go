@@ -1,0 +1,162 @@
+package nodeevents_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	eventsv1 "k8s.io/api/events/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	"github.com/datum-cloud/galactic-node/internal/clustertest"
+	"github.com/datum-cloud/galactic-node/node/identity"
+	"github.com/datum-cloud/galactic-node/node/nodeevents"
+	"github.com/datum-cloud/galactic-node/node/reclaim"
+)
+
+func TestMain(m *testing.M) { clustertest.Main(m) }
+
+// eventWrites counts the requests that write events, as the API server
+// receives them.
+type eventWrites struct {
+	rt     http.RoundTripper
+	writes atomic.Int64
+}
+
+func (c *eventWrites) RoundTrip(r *http.Request) (*http.Response, error) {
+	if strings.Contains(r.URL.Path, "/events") && r.Method != http.MethodGet {
+		c.writes.Add(1)
+	}
+	return c.rt.RoundTrip(r)
+}
+
+func recorder(t *testing.T, node string) (*nodeevents.Recorder, *eventWrites, kubernetes.Interface) {
+	t.Helper()
+	cluster := clustertest.Shared(t)
+	counter := &eventWrites{}
+	cfg := rest.CopyConfig(cluster.Config)
+	cfg.QPS, cfg.Burst = 1000, 1000 // the count, not the client's rate limit, is measured
+	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper { counter.rt = rt; return counter }
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	rec, err := nodeevents.New(ctx, cs, node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rec.Shutdown(); cancel() })
+	admin, err := kubernetes.NewForConfig(cluster.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rec, counter, admin
+}
+
+func tapRef(vpc, att uint64, ifindex uint32) reclaim.TapRef {
+	id := identity.Identity{VPC: identity.VPC(vpc), Attachment: identity.Attachment(att)}
+	return reclaim.TapRef{Ifindex: ifindex, Name: id.TapName(), Owner: fmt.Sprintf("sandbox-%d", ifindex), Identity: id}
+}
+
+// nodeEvents lists the events regarding node with reason, through the
+// events.k8s.io/v1 API.
+func nodeEvents(t *testing.T, cs kubernetes.Interface, node, reason string) []eventsv1.Event {
+	t.Helper()
+	list, err := cs.EventsV1().Events(metav1.NamespaceDefault).List(context.Background(), metav1.ListOptions{
+		FieldSelector: "reason=" + reason + ",regarding.name=" + node + ",regarding.kind=Node"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return list.Items
+}
+
+func eventually(t *testing.T, what string, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ok, last := cond()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: never; last: %s", what, last)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// Each reclaim is one Event regarding the Node, the tap named in the
+// reference's fieldPath and, with its identity and owner, in the note; the
+// brake's engagement and release are Events too.
+func TestEachActionIsAnEventRegardingTheNode(t *testing.T) {
+	rec, _, cs := recorder(t, "node-events-each")
+	tap := tapRef(10, 2, 41)
+	rec.TapReclaimed(tap, time.Now().Add(-10*time.Minute))
+	rec.TapReclaimFailed(reclaim.Failure{Tap: tapRef(10, 3, 42), Stage: reclaim.StageLink, Error: "delete link: EBUSY"})
+	rec.BrakeEngaged(reclaim.Brake{Engaged: true, Reason: "3 of the node's 4 stamped taps confirmed stale at once", Held: 3})
+	rec.BrakeReleased("by an operator (allow mass removal)", 3)
+
+	for reason, want := range map[string][]string{
+		nodeevents.ReasonTapReclaimed:             {tap.Name, tap.Identity.String(), tap.Owner},
+		nodeevents.ReasonTapReclaimFailed:         {tapRef(10, 3, 42).Name, "stage link", "EBUSY"},
+		nodeevents.ReasonMassRemovalBrakeEngaged:  {"3 confirmed taps held", "3 of the node's 4"},
+		nodeevents.ReasonMassRemovalBrakeReleased: {"by an operator", "3 candidates accepted"},
+	} {
+		eventually(t, reason, func() (bool, string) {
+			evs := nodeEvents(t, cs, "node-events-each", reason)
+			if len(evs) != 1 {
+				return false, fmt.Sprintf("%d events", len(evs))
+			}
+			for _, w := range want {
+				if !strings.Contains(evs[0].Note, w) {
+					return false, fmt.Sprintf("note %q lacks %q", evs[0].Note, w)
+				}
+			}
+			return evs[0].Regarding.UID == "node-events-each" && evs[0].ReportingController == nodeevents.Controller, fmt.Sprintf("%+v", evs[0].Regarding)
+		})
+	}
+}
+
+// 1,000 removals over 100 passes at the default cap of 10, beside one tap
+// whose removal fails in every pass and a brake engaged and released each
+// ten passes: one write per removal, and the repeats folded into series
+// (tools/events patches a series at most every 30 minutes, and when it
+// ends). Reported as API writes per removal.
+func TestEventWritesAreBoundedByTheRemovals(t *testing.T) {
+	rec, writes, cs := recorder(t, "node-events-bound")
+	const passes, perPass = 100, reclaim.DefaultMaxReclaimsPerPass
+	failing := tapRef(11, 999, 9999)
+	for p := range passes {
+		for i := range perPass {
+			rec.TapReclaimed(tapRef(11, uint64(p*perPass+i+1), uint32(p*perPass+i+1)), time.Now())
+		}
+		rec.TapReclaimFailed(reclaim.Failure{Tap: failing, Stage: reclaim.StageProbe, Error: "probe: EBUSY"})
+		if p%10 == 0 {
+			rec.BrakeEngaged(reclaim.Brake{Engaged: true, Reason: "a mass", Held: 3})
+			rec.BrakeReleased("on its own", 3)
+		}
+	}
+	removals := passes * perPass
+	eventually(t, "every removal recorded", func() (bool, string) {
+		n := len(nodeEvents(t, cs, "node-events-bound", nodeevents.ReasonTapReclaimed))
+		return n == removals, fmt.Sprintf("%d of %d", n, removals)
+	})
+	time.Sleep(time.Second) // the series' writes, if any, land
+	if n := len(nodeEvents(t, cs, "node-events-bound", nodeevents.ReasonTapReclaimFailed)); n != 1 {
+		t.Fatalf("%d TapReclaimFailed events for one tap failing 100 times, want one series", n)
+	}
+	w := writes.writes.Load()
+	t.Logf("%d event writes for %d removals, 100 failures of one tap and 10 brake cycles: %.3f writes per removal", w, removals, float64(w)/float64(removals))
+	// One per removal, plus a create and a series patch for each repeated
+	// kind (the failing tap, the engagement, the release).
+	if max := int64(removals + 2*3); w > max {
+		t.Fatalf("%d event writes, want at most %d", w, max)
+	}
+}
