@@ -82,6 +82,9 @@ func (n *node) run(t *testing.T, extra ...string) *daemon {
 // spawn runs `bin run args...` in n's namespace; it is killed when t ends.
 func (n *node) spawn(t *testing.T, bin string, args ...string) *daemon {
 	t.Helper()
+	if bin == binary || bin == hookedBinary {
+		args = withOwnBrakeMemory(n, args) // an older release has no such flag
+	}
 	d := &daemon{cmd: exec.Command("ip", append([]string{"netns", "exec", n.ns.Name, bin, "run"}, args...)...), log: &syncbuf.Buffer{}, done: make(chan struct{})}
 	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
 	if err := d.cmd.Start(); err != nil {

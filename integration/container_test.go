@@ -416,7 +416,7 @@ func TestTheNodeImageRunsAsTheDaemonSetRunsIt(t *testing.T) {
 	root := t.TempDir()
 	seccompRoot := filepath.Join(root, "var/lib/kubelet/seccomp")
 	hostPaths := map[string]string{"bpffs": n.bpffs, "seccomp": filepath.Join(seccompRoot, "galactic")}
-	for _, v := range []string{"run-galactic", "cni-bin", "cni-conf", "cni-conflist", "admin-tokens", "seccomp", "cli", "cni-records", "cni-cache", "cni-cache-multus"} {
+	for _, v := range []string{"run-galactic", "cni-bin", "cni-conf", "cni-conflist", "admin-tokens", "seccomp", "cli", "cni-records", "node-state", "cni-cache", "cni-cache-multus"} {
 		if hostPaths[v] == "" {
 			hostPaths[v] = filepath.Join(root, v)
 		}

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -132,7 +133,7 @@ func (n *node) startFor(tb testing.TB, extra ...string) (*exec.Cmd, *bytes.Buffe
 	args = append(append(args, bin, "run", "--node-name", "node-a", "--interval", "0",
 		"--admin-socket", n.socket, "--admin-token-file", n.tokens, "--metrics-listen", "127.0.0.1:9180", "--log-format", "text",
 		"--min-candidate-age", "0"), n.common()...) // a test passes its own age after this to override it
-	cmd := exec.Command("ip", append(args, extra...)...)
+	cmd := exec.Command("ip", append(args, withOwnBrakeMemory(n, extra)...)...)
 	var log bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &log, &log
 	if err := cmd.Start(); err != nil {
@@ -146,6 +147,16 @@ func (n *node) startFor(tb testing.TB, extra ...string) (*exec.Cmd, *bytes.Buffe
 		}
 	})
 	return cmd, &log
+}
+
+// withOwnBrakeMemory gives a daemon of this build the node's own brake
+// memory file unless args name one: at the default, every test's daemon
+// would share the host's, and one test's brake would hold in the next.
+func withOwnBrakeMemory(n *node, args []string) []string {
+	if slices.Contains(args, "--brake-memory") || slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "--brake-memory=") }) {
+		return args
+	}
+	return append(slices.Clone(args), "--brake-memory", filepath.Join(n.dir, "brake.json"))
 }
 
 func (n *node) client() *http.Client {

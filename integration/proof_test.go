@@ -100,6 +100,8 @@ func (r *remoteNode) grant(t *testing.T, attachmentVerbs []string) {
 		"rules": []any{
 			map[string]any{"apiGroups": []any{"cloud.datumapis.com"}, "resources": []any{"vpcattachments"}, "verbs": verbs},
 			map[string]any{"apiGroups": []any{"network.datumapis.com"}, "resources": []any{"bgpadvertisements"}, "verbs": []any{"list", "watch"}},
+			// deploy/node/rbac.yaml grants these in the default namespace only
+			map[string]any{"apiGroups": []any{"events.k8s.io"}, "resources": []any{"events"}, "verbs": []any{"create", "patch"}},
 		},
 	}}
 	ri := r.cluster.Client.Resource(clusterRoles)

@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/user"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -41,8 +42,10 @@ import (
 	"github.com/datum-cloud/galactic-node/node/inventory"
 	"github.com/datum-cloud/galactic-node/node/inventory/kubeinventory"
 	"github.com/datum-cloud/galactic-node/node/link"
+	"github.com/datum-cloud/galactic-node/node/nodeevents"
 	"github.com/datum-cloud/galactic-node/node/nodeview"
 	"github.com/datum-cloud/galactic-node/node/reclaim"
+	"github.com/datum-cloud/galactic-node/node/reclaim/brakefile"
 	"github.com/datum-cloud/galactic-node/node/reclaim/reclaimmetrics"
 	"github.com/datum-cloud/galactic-node/node/routewatch"
 	"github.com/datum-cloud/galactic-node/node/teardown"
@@ -58,6 +61,9 @@ type daemonFlags struct {
 	maxReclaims, massRemovalMin           int
 	massRemovalShare, shrinkShare         float64
 	shrinkWindow, brakeReleaseAfter       time.Duration
+	largeInventory                        int
+	brakeMemory                           string
+	events                                bool
 	bpffs, vrfLockDir, cniDataDir         string
 	cniCacheDirs                          string
 	layoutRecord                          string
@@ -87,6 +93,9 @@ func daemonFlagSet(f *daemonFlags) *flag.FlagSet {
 	fs.Float64Var(&f.shrinkShare, "inventory-shrink-share", reclaim.DefaultInventoryShrinkShare, "the brake engages when the identities the cluster carries fell by more than this share of their peak within --inventory-shrink-window while a pass has taps to remove (1 turns this rule off)")
 	fs.DurationVar(&f.shrinkWindow, "inventory-shrink-window", reclaim.DefaultShrinkWindow, "how far back the inventory's peak is looked for")
 	fs.DurationVar(&f.brakeReleaseAfter, "mass-removal-release-after", reclaim.DefaultBrakeReleaseAfter, "an engaged brake releases on its own once the inventory has shrunk no further for this long (0: only `galactic-node pass --allow-mass-removal` releases it)")
+	fs.IntVar(&f.largeInventory, "large-inventory-threshold", reclaim.DefaultLargeInventory, "identities at the inventory's peak from which the shrink rule holds any removal; below it, a cluster is small and the rule holds only --mass-removal-min taps or more at once (the node lifecycle controller's --large-cluster-size-threshold)")
+	fs.StringVar(&f.brakeMemory, "brake-memory", brakefile.DefaultPath, "file keeping the mass-removal brake's state (engaged, why, since, the inventory's peak, what a release accepted) across restarts; an unreadable one is moved aside and the brake starts engaged (empty: kept in the daemon only, released by a restart)")
+	fs.BoolVar(&f.events, "events", true, "record Kubernetes Events about this node (a tap reclaimed or not, the mass-removal brake); needs a cluster")
 	fs.StringVar(&f.bpffs, "bpffs", "/sys/fs/bpf", "bpf filesystem; maps are pinned under <bpffs>/galactic")
 	fs.StringVar(&f.layoutRecord, "layout-record", datapath.DefaultLayoutRecord, "where to record the pinned maps' layout once opened, which install-cni checks a new plugin against (empty: none)")
 	fs.StringVar(&f.vrfLockDir, "vrf-lock-dir", vrf.DefaultDir, "folder of the per-VRF lock files shared with the CNI plugin")
@@ -162,6 +171,9 @@ func parseDaemonFlagsUnchecked(args, environ []string, stdout io.Writer) (*daemo
 	}
 	if f.massRemovalMin < 1 {
 		return nil, errors.New("--mass-removal-min must be at least 1")
+	}
+	if f.largeInventory < 0 {
+		return nil, errors.New("--large-inventory-threshold must not be negative (0: every cluster is large)")
 	}
 	if f.shrinkWindow <= 0 {
 		return nil, errors.New("--inventory-shrink-window must be positive")
@@ -247,6 +259,39 @@ func kubeConfig(path string) (*rest.Config, error) {
 	return cfg, nil
 }
 
+// daemon is the node daemon's parts. runDaemon builds them in the order
+// of its list, each in one step, and each step that starts something says
+// in the same place how it stops (d.stops, run in reverse on the way out).
+// docs/operations.md's restart table lists what each part keeps across a
+// restart.
+type daemon struct {
+	f   *daemonFlags
+	log *slog.Logger
+
+	conn      *link.Conn
+	dp        *datapath.Datapath
+	registry  *attachreg.Registry
+	routes    *routewatch.Watcher
+	locks     *vrf.Locker
+	cluster   *rest.Config // nil with --inventory-file and no delegated auth
+	inv       inventory.Source
+	reg       *prometheus.Registry
+	metrics   *reclaimmetrics.Metrics
+	events    *nodeevents.Recorder // nil without a cluster or with --events=false
+	reclaimer *reclaim.Reclaimer
+	views     *nodeview.Views
+	records   *recordCollector // nil with --cni-data-dir=
+	// passDone says, without blocking a pass, that one ended: the record
+	// collection and the move to the current program follow each.
+	passDone chan struct{}
+	live     func(context.Context) error
+	servers  []*http.Server
+	stops    []func()
+	// stopBy bounds the whole shutdown: the pass in flight, then the
+	// servers (a forced pass answering its caller) share one deadline.
+	stopBy time.Time
+}
+
 func runDaemon(ctx context.Context, args, environ []string, stdout, stderr io.Writer) error {
 	f, err := parseDaemonFlags(args, environ, stdout)
 	if err != nil {
@@ -259,96 +304,191 @@ func runDaemon(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 	log = log.With("node", f.nodeName)
 	klogroute.Into(log)
 	log.Info("galactic-node starting", "version", buildinfo.Version(version), "interval", f.interval, "min_candidate_age", f.minCandidateAge, "dry_run", f.dryRun,
-		"max_reclaims_per_pass", f.maxReclaims, "bpffs", f.bpffs, "inventory_file", f.inventoryFile, "gc_percent", setGCPercent(environ))
+		"max_reclaims_per_pass", f.maxReclaims, "bpffs", f.bpffs, "inventory_file", f.inventoryFile, "gc_percent", setGCPercent(environ),
+		"brake_memory", f.brakeMemory, "cni_data_dir", f.cniDataDir)
 
+	d := &daemon{f: f, log: log, passDone: make(chan struct{}, 1)}
+	defer d.stop(ctx)
+	for _, step := range []func(context.Context) error{
+		d.openLinks,     // rtnetlink in the daemon's namespace
+		d.openDatapath,  // pinned maps and program, the layout record, the registry
+		d.moveTaps,      // taps of an earlier build onto this build's program
+		d.watchRoutes,   // subscribed before anything runs
+		d.openLocks,     // the VRF locks shared with the CNI plugin
+		d.openInventory, // the cluster's objects, or a file
+		d.openMetrics,   // the registry every part registers on
+		d.openEvents,    // Kubernetes Events about the node
+		d.openReclaim,   // the reclaim, with the brake's memory
+		d.openRecords,   // the CNI records' collection
+		d.openViews,     // what the admin API and the metrics read
+		d.serveAdmin,    // the admin API
+		d.serveMetrics,  // metrics and probes
+	} {
+		if err := step(ctx); err != nil {
+			return err
+		}
+	}
+	return d.run(ctx)
+}
+
+// stop stops what the steps started, newest first, within the shutdown
+// bound.
+func (d *daemon) stop(ctx context.Context) {
+	if d.stopBy.IsZero() {
+		d.stopBy = time.Now().Add(d.f.shutdownTimeout)
+	}
+	shutdownCtx, cancel := context.WithDeadline(context.WithoutCancel(ctx), d.stopBy)
+	defer cancel()
+	for _, s := range d.servers {
+		_ = s.Shutdown(shutdownCtx)
+	}
+	for _, stop := range slices.Backward(d.stops) {
+		stop()
+	}
+}
+
+func (d *daemon) openLinks(context.Context) error {
 	conn, err := link.Dial(nil)
 	if err != nil {
 		return err
 	}
-	defer conn.Close()
-	dp, err := datapath.Load(f.bpffs)
+	d.conn = conn
+	d.stops = append(d.stops, func() { conn.Close() })
+	return nil
+}
+
+func (d *daemon) openDatapath(ctx context.Context) error {
+	dp, err := datapath.Load(d.f.bpffs)
 	if err != nil {
 		return err
 	}
-	defer dp.Close()
+	d.dp = dp
+	d.stops = append(d.stops, func() { dp.Close() })
 	if m := dp.Migrated(); len(m) > 0 {
-		log.Info("pinned maps of another capacity migrated: rows copied into maps of this build's, pins swapped", "maps", m)
+		d.log.Info("pinned maps of another capacity migrated: rows copied into maps of this build's, pins swapped", "maps", m)
 	}
 	if err := dp.AdoptProgram(); err != nil {
 		return err
 	}
-	if f.layoutRecord != "" {
-		if err := datapath.RecordLayout(f.layoutRecord); err != nil {
+	if d.f.layoutRecord != "" {
+		if err := datapath.RecordLayout(d.f.layoutRecord); err != nil {
 			return err
 		}
 	}
-	registry := attachreg.New(dp, nil, log)
-	if f.cniDataDir != "" && f.cniCacheDirs != "" {
-		registry.Bindings = cnicache.Binder{DataDir: f.cniDataDir, CacheDirs: strings.Split(f.cniCacheDirs, ","),
+	d.registry = attachreg.New(dp, nil, d.log)
+	if d.f.cniDataDir != "" && d.f.cniCacheDirs != "" {
+		conn := d.conn
+		d.registry.Bindings = cnicache.Binder{DataDir: d.f.cniDataDir, CacheDirs: strings.Split(d.f.cniCacheDirs, ","),
 			Owner: func(ifindex uint32) (string, string, error) {
 				l, err := conn.Get(ctx, ifindex)
 				return l.Name, l.Alias, err
 			}}
 	}
-	// Taps attached by an earlier build run its rules until moved: before
-	// anything else, and after every pass (afterEachPass).
-	moveToCurrentProgram(ctx, registry, log)
-	// Subscribed before anything runs, so that no change made after the
-	// program's first cached answer goes unread.
-	routes, err := routewatch.Dial(nil, dp, log.With("component", "route-watch"))
-	if err != nil {
-		return err
-	}
-	defer func() { _ = routes.Close() }()
-	locks, err := vrf.NewLocker(f.vrfLockDir)
-	if err != nil {
-		return err
-	}
+	return nil
+}
 
-	var cfg *rest.Config
-	if f.inventoryFile == "" || f.adminKubeAuth {
-		if cfg, err = kubeConfig(f.kubeconfig); err != nil {
-			return err
-		}
+// moveTaps: taps attached by an earlier build run its rules until moved,
+// before anything else, and after every pass (run).
+func (d *daemon) moveTaps(ctx context.Context) error {
+	moveToCurrentProgram(ctx, d.registry, d.log)
+	return nil
+}
+
+// watchRoutes subscribes before anything runs, so that no change made
+// after the program's first cached answer goes unread.
+func (d *daemon) watchRoutes(context.Context) error {
+	routes, err := routewatch.Dial(nil, d.dp, d.log.With("component", "route-watch"))
+	if err != nil {
+		return err
 	}
-	var inv inventory.Source
-	if f.inventoryFile != "" {
-		inv = inventory.NewFile(f.inventoryFile)
-	} else {
-		ci, err := kubeinventory.NewCluster(cfg, log, kubeinventory.Options{PageTimeout: f.proofTimeout, ProbeInterval: probeInterval(f.inventoryMaxAge)})
+	d.routes = routes
+	d.stops = append(d.stops, func() { _ = routes.Close() })
+	return nil
+}
+
+func (d *daemon) openLocks(context.Context) error {
+	locks, err := vrf.NewLocker(d.f.vrfLockDir)
+	d.locks = locks
+	return err
+}
+
+func (d *daemon) openInventory(ctx context.Context) error {
+	f := d.f
+	if f.inventoryFile == "" || f.adminKubeAuth {
+		cfg, err := kubeConfig(f.kubeconfig)
 		if err != nil {
 			return err
 		}
-		ci.Start(ctx)
-		inv = ci
+		d.cluster = cfg
 	}
-
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		buildmetric.Collector(buildinfo.Version(version)))
-	metrics, err := reclaimmetrics.NewMetrics(reg)
+	if f.inventoryFile != "" {
+		d.inv = inventory.NewFile(f.inventoryFile)
+		return nil
+	}
+	ci, err := kubeinventory.NewCluster(d.cluster, d.log, kubeinventory.Options{PageTimeout: f.proofTimeout, ProbeInterval: probeInterval(f.inventoryMaxAge)})
 	if err != nil {
 		return err
 	}
-	metrics.SetConfig(f.dryRun, f.interval)
-	if p, ok := inv.(inventory.Prover); ok {
-		if err := reclaimmetrics.RegisterInventoryAge(reg, p); err != nil {
+	ci.Start(ctx)
+	d.inv = ci
+	return nil
+}
+
+func (d *daemon) openMetrics(context.Context) error {
+	d.reg = prometheus.NewRegistry()
+	d.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		buildmetric.Collector(buildinfo.Version(version)))
+	metrics, err := reclaimmetrics.NewMetrics(d.reg)
+	if err != nil {
+		return err
+	}
+	d.metrics = metrics
+	metrics.SetConfig(d.f.dryRun, d.f.interval)
+	if p, ok := d.inv.(inventory.Prover); ok {
+		if err := reclaimmetrics.RegisterInventoryAge(d.reg, p); err != nil {
 			return err
 		}
 	}
+	return nil
+}
+
+// openEvents records the reclaim's Events about the node where there is a
+// cluster to record them in. A client of its own, so that events never
+// queue behind the inventory's reads; tools/events writes them in the
+// background and drops what the API server does not take.
+func (d *daemon) openEvents(ctx context.Context) error {
+	if !d.f.events || d.cluster == nil {
+		d.log.Info("no Kubernetes Events: the reclaim's actions are in this log, the metrics and the admin API only",
+			"why", map[bool]string{true: "no cluster (--inventory-file)", false: "--events=false"}[d.f.events])
+		return nil
+	}
+	cfg := rest.CopyConfig(d.cluster)
+	cfg.Timeout = 10 * time.Second
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return fmt.Errorf("events client: %w", err)
+	}
+	rec, err := nodeevents.New(ctx, cs, d.f.nodeName)
+	if err != nil {
+		return err
+	}
+	d.events = rec
+	d.stops = append(d.stops, rec.Shutdown)
+	return nil
+}
+
+func (d *daemon) openReclaim(ctx context.Context) error {
+	f := d.f
 	// The kernel probe decides whether a tap is free; without the tun
 	// device every removal fails at stage probe, which the failures metric
 	// and its alert show, while the maps the CNI plugin needs stay served.
 	if err := holder.CanProbe(); err != nil {
-		log.Error("no tap can be reclaimed: the kernel probe cannot open the tun device (mount the host's /dev/net/tun)", "error", err)
-	}
-	holders := holder.Proc{Root: "/proc"}
-	if ok, why := holders.Scan(ctx).Complete(); !ok {
-		log.Info("the holder scan cannot see every process: HOLDERS may miss some; removals do not depend on it", "why", why)
+		d.log.Error("no tap can be reclaimed: the kernel probe cannot open the tun device (mount the host's /dev/net/tun)", "error", err)
 	}
 	rcfg := reclaim.Config{DryRun: f.dryRun, MaxReclaimsPerPass: f.maxReclaims, MinCandidateAge: f.minCandidateAge,
 		MassRemovalShare: f.massRemovalShare, MassRemovalMin: f.massRemovalMin, InventoryShrinkShare: f.shrinkShare,
-		ShrinkWindow: f.shrinkWindow, BrakeReleaseAfter: f.brakeReleaseAfter, Prober: holder.Prober{Links: conn}}
+		ShrinkWindow: f.shrinkWindow, BrakeReleaseAfter: f.brakeReleaseAfter, LargeInventory: f.largeInventory,
+		Prober: holder.Prober{Links: d.conn}}
 	// The flags say 0 for "none"; the reclaim's zero values are defaults.
 	if f.maxReclaims == 0 {
 		rcfg.MaxReclaimsPerPass = -1
@@ -356,143 +496,189 @@ func runDaemon(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 	if f.brakeReleaseAfter == 0 {
 		rcfg.BrakeReleaseAfter = -1
 	}
-	// Each pass may remove taps whose records then name nothing: the
-	// record collection runs after it.
-	passDone := make(chan struct{}, 1)
-	reclaimer := reclaim.New(conn, inv, reclaimRegistry(registry, log), locks, passSignal{metrics, passDone}, log, rcfg)
-	ag := &nodeview.Views{Links: conn, Inventory: inv, Reclaimer: reclaimer, Registry: registry, Datapath: dp, Holders: holders,
-		MaxInventoryAge: f.inventoryMaxAge, Counters: dp}
+	if f.largeInventory == 0 {
+		rcfg.LargeInventory = -1
+	}
+	var memory *brakefile.File
+	if f.brakeMemory != "" {
+		memory = &brakefile.File{Path: f.brakeMemory}
+		rcfg.Memory = memory
+	}
+	if d.events != nil {
+		rcfg.Events = d.events
+	}
+	d.reclaimer = reclaim.New(d.conn, d.inv, reclaimRegistry(d.registry, d.log), d.locks, passSignal{d.metrics, d.passDone}, d.log, rcfg)
+	if memory == nil {
+		d.log.Warn("the brake's memory is kept in the daemon only (--brake-memory=): a restart releases an engaged brake")
+		return nil
+	}
+	m, err := memory.Load()
+	switch {
+	case errors.Is(err, brakefile.ErrUnreadable):
+		// Whether the brake held before cannot be told: it holds now.
+		d.reclaimer.EngageBrake("the brake's memory could not be read at start, so whether it held before is unknown: " + err.Error())
+	case err != nil:
+		return err
+	default:
+		d.reclaimer.RestoreBrake(m)
+	}
+	b := d.reclaimer.Brake()
+	d.metrics.SetBrake(b.Engaged, b.Held)
+	return nil
+}
+
+func (d *daemon) openRecords(context.Context) error {
+	if d.f.cniDataDir == "" {
+		return nil
+	}
+	d.records = &recordCollector{dataDir: d.f.cniDataDir, links: d.conn, locks: d.locks, log: d.log.With("component", "cni-records")}
+	return nil
+}
+
+func (d *daemon) openViews(context.Context) error {
+	holders := holder.Proc{Root: "/proc"}
+	if ok, why := holders.Scan(context.Background()).Complete(); !ok {
+		d.log.Info("the holder scan cannot see every process: HOLDERS may miss some; removals do not depend on it", "why", why)
+	}
+	ag := &nodeview.Views{Links: d.conn, Inventory: d.inv, Reclaimer: d.reclaimer, Registry: d.registry, Datapath: d.dp, Holders: holders,
+		MaxInventoryAge: d.f.inventoryMaxAge, Counters: d.dp}
+	if d.records != nil {
+		ag.Records = d.records
+	}
 	// The drop monitor reads the program's records of dropped frames
 	// whether or not anyone follows them, so that the ring never fills
 	// while nobody looks; a kernel without ring buffers leaves the node
 	// without it, and says so (/v1/drops, the metrics).
-	if mon, err := dp.OpenDropMonitor(); err != nil {
+	if mon, err := d.dp.OpenDropMonitor(); err != nil {
 		ag.DropsUnavailable = err.Error()
-		log.Warn("no drop monitor: galactic-node drops will have no records", "error", err)
+		d.log.Warn("no drop monitor: galactic-node drops will have no records", "error", err)
 	} else {
-		ag.Drops = dropwatch.New(dropwatch.Config{Source: newDropSource(mon, conn), Log: log.With("component", "drop-monitor")})
+		ag.Drops = dropwatch.New(dropwatch.Config{Source: newDropSource(mon, d.conn), Log: d.log.With("component", "drop-monitor")})
 	}
-	if err := reg.Register(ag.MapCollector()); err != nil {
+	if err := d.reg.Register(ag.MapCollector()); err != nil {
 		return err
 	}
-	if err := reg.Register(ag.DecisionCollector()); err != nil {
+	if err := d.reg.Register(ag.DecisionCollector()); err != nil {
 		return err
 	}
-
-	var servers []*http.Server
-	// stopBy bounds the whole shutdown: the pass in flight, then the
-	// servers (a forced pass answering its caller) share one deadline.
-	var stopBy time.Time
-	defer func() {
-		if stopBy.IsZero() {
-			stopBy = time.Now().Add(f.shutdownTimeout)
+	d.views = ag
+	// live is the liveness probe, on the metrics port and the admin API.
+	d.live = func(context.Context) error {
+		err := d.reclaimer.Stuck(time.Now(), d.f.passStuckAfter)
+		if err != nil {
+			d.log.Error("liveness fails", "error", err)
 		}
-		shutdownCtx, cancel := context.WithDeadline(context.WithoutCancel(ctx), stopBy)
-		defer cancel()
-		for _, s := range servers {
-			_ = s.Shutdown(shutdownCtx)
+		return err
+	}
+	return nil
+}
+
+// serve bounds l's connections, counts them on the metrics, and serves s
+// on it until stop.
+func (d *daemon) serve(s *http.Server, l *connlimit.Listener, what string) {
+	d.reg.MustRegister(l.Collectors(what)...)
+	d.servers = append(d.servers, s)
+	var ln net.Listener = l
+	if s.TLSConfig != nil {
+		// TLS inside the bound: a handshake costs a slot, never more.
+		ln = tls.NewListener(l, s.TLSConfig)
+	}
+	go func() {
+		if err := s.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			d.log.Error("server stopped", "server", what, "error", err)
 		}
 	}()
-	// serve bounds l's connections, counts them on the metrics, and
-	// serves s on it.
-	serve := func(s *http.Server, l *connlimit.Listener, what string) {
-		reg.MustRegister(l.Collectors(what)...)
-		servers = append(servers, s)
-		var ln net.Listener = l
-		if s.TLSConfig != nil {
-			// TLS inside the bound: a handshake costs a slot, never more.
-			ln = tls.NewListener(l, s.TLSConfig)
-		}
-		go func() {
-			if err := s.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				log.Error("server stopped", "server", what, "error", err)
-			}
-		}()
-	}
+}
 
-	// live is the liveness probe, on the metrics port and the admin API.
-	live := func(context.Context) error {
-		err := reclaimer.Stuck(time.Now(), f.passStuckAfter)
+func (d *daemon) serveAdmin(ctx context.Context) error {
+	f, log := d.f, d.log
+	if f.adminSocket == "" && f.adminListen == "" {
+		return nil
+	}
+	if f.adminForcesPerMinute == 0 {
+		log.Info("forced passes are disabled (--admin-forces-per-minute 0)")
+	}
+	acfg := admin.Config{ForcesPerMinute: f.adminForcesPerMinute, Log: log, Version: buildinfo.Version(version), Node: f.nodeName, Peers: &admin.PeerPolicy{}, Live: d.live}
+	if f.adminReadGroup != "" {
+		gid, err := lookupGroup(f.adminReadGroup)
 		if err != nil {
-			log.Error("liveness fails", "error", err)
+			return err
 		}
-		return err
+		acfg.Peers.ReadGroup = &gid
 	}
-	if f.adminSocket != "" || f.adminListen != "" {
-		if f.adminForcesPerMinute == 0 {
-			log.Info("forced passes are disabled (--admin-forces-per-minute 0)")
-		}
-		acfg := admin.Config{ForcesPerMinute: f.adminForcesPerMinute, Log: log, Version: buildinfo.Version(version), Node: f.nodeName, Peers: &admin.PeerPolicy{}, Live: live}
-		if f.adminReadGroup != "" {
-			gid, err := lookupGroup(f.adminReadGroup)
-			if err != nil {
-				return err
-			}
-			acfg.Peers.ReadGroup = &gid
-		}
-		if f.adminToken != "" {
-			tokens, err := admin.LoadTokenFile(f.adminToken)
-			if err != nil {
-				return err
-			}
-			if tokens.Count() == 0 {
-				if f.adminKubeAuth {
-					log.Warn("no admin token is configured in the token file: only Kubernetes tokens are accepted", "path", f.adminToken)
-				} else {
-					log.Warn("no admin token is configured: every /v1 request is refused until the token file holds one", "path", f.adminToken)
-				}
-			}
-			go tokens.Watch(ctx, time.Second, log)
-			acfg.Tokens = tokens
-		}
-		if f.adminKubeAuth {
-			// A review the API server never answers must not hold a
-			// request (and its connection) forever.
-			kcfg := rest.CopyConfig(cfg)
-			kcfg.Timeout = 2 * kubeauth.ReviewTimeout
-			cs, err := kubernetes.NewForConfig(kcfg)
-			if err != nil {
-				return fmt.Errorf("delegated auth client: %w", err)
-			}
-			acfg.Kube = kubeauth.New(cs, f.nodeName)
-		}
-		h := admin.NewHandler(admin.BackendOf(ag), acfg)
-		if f.adminSocket != "" {
-			l, err := admin.ListenUnix(f.adminSocket, acfg.Peers.ReadGroup)
-			if err != nil {
-				return err
-			}
-			serve(admin.NewServer(h, log), admin.LimitAdmin(l, "admin-socket", log), "admin-socket")
-			log.Info("admin API listening", "socket", f.adminSocket)
-		}
-		if f.adminListen != "" {
-			l, err := net.Listen("tcp", f.adminListen)
-			if err != nil {
-				return fmt.Errorf("admin listen %s: %w", f.adminListen, err)
-			}
-			s := admin.NewServer(h, log)
-			if f.adminTLSCert != "" {
-				cert, err := tls.LoadX509KeyPair(f.adminTLSCert, f.adminTLSKey)
-				if err != nil {
-					l.Close()
-					return fmt.Errorf("admin TLS: %w", err)
-				}
-				s.TLSConfig = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
-			}
-			serve(s, admin.LimitAdmin(l, "admin-tcp", log), "admin-tcp")
-			log.Info("admin API listening", "address", l.Addr().String(), "tls", f.adminTLSCert != "")
-		}
-	}
-	if f.metricsListen != "" {
-		l, err := net.Listen("tcp", f.metricsListen)
+	if f.adminToken != "" {
+		tokens, err := admin.LoadTokenFile(f.adminToken)
 		if err != nil {
-			return fmt.Errorf("metrics listen %s: %w", f.metricsListen, err)
+			return err
 		}
-		h := metricsserve.Handler(reg, live, ag.Ready)
-		serve(metricsserve.NewServer(h, log), metricsserve.Limit(l, "metrics", log), "metrics")
-		log.Info("metrics listening", "address", l.Addr().String())
+		if tokens.Count() == 0 {
+			if f.adminKubeAuth {
+				log.Warn("no admin token is configured in the token file: only Kubernetes tokens are accepted", "path", f.adminToken)
+			} else {
+				log.Warn("no admin token is configured: every /v1 request is refused until the token file holds one", "path", f.adminToken)
+			}
+		}
+		go tokens.Watch(ctx, time.Second, log)
+		acfg.Tokens = tokens
 	}
+	if f.adminKubeAuth {
+		// A review the API server never answers must not hold a
+		// request (and its connection) forever.
+		kcfg := rest.CopyConfig(d.cluster)
+		kcfg.Timeout = 2 * kubeauth.ReviewTimeout
+		cs, err := kubernetes.NewForConfig(kcfg)
+		if err != nil {
+			return fmt.Errorf("delegated auth client: %w", err)
+		}
+		acfg.Kube = kubeauth.New(cs, f.nodeName)
+	}
+	h := admin.NewHandler(admin.BackendOf(d.views), acfg)
+	if f.adminSocket != "" {
+		l, err := admin.ListenUnix(f.adminSocket, acfg.Peers.ReadGroup)
+		if err != nil {
+			return err
+		}
+		d.serve(admin.NewServer(h, log), admin.LimitAdmin(l, "admin-socket", log), "admin-socket")
+		log.Info("admin API listening", "socket", f.adminSocket)
+	}
+	if f.adminListen != "" {
+		l, err := net.Listen("tcp", f.adminListen)
+		if err != nil {
+			return fmt.Errorf("admin listen %s: %w", f.adminListen, err)
+		}
+		s := admin.NewServer(h, log)
+		if f.adminTLSCert != "" {
+			cert, err := tls.LoadX509KeyPair(f.adminTLSCert, f.adminTLSKey)
+			if err != nil {
+				l.Close()
+				return fmt.Errorf("admin TLS: %w", err)
+			}
+			s.TLSConfig = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+		}
+		d.serve(s, admin.LimitAdmin(l, "admin-tcp", log), "admin-tcp")
+		log.Info("admin API listening", "address", l.Addr().String(), "tls", f.adminTLSCert != "")
+	}
+	return nil
+}
 
+func (d *daemon) serveMetrics(context.Context) error {
+	if d.f.metricsListen == "" {
+		return nil
+	}
+	l, err := net.Listen("tcp", d.f.metricsListen)
+	if err != nil {
+		return fmt.Errorf("metrics listen %s: %w", d.f.metricsListen, err)
+	}
+	h := metricsserve.Handler(d.reg, d.live, d.views.Ready)
+	d.serve(metricsserve.NewServer(h, d.log), metricsserve.Limit(l, "metrics", d.log), "metrics")
+	d.log.Info("metrics listening", "address", l.Addr().String())
+	return nil
+}
+
+// run runs the loops until ctx ends or one fails, then finishes the pass
+// in flight within the shutdown bound.
+func (d *daemon) run(ctx context.Context) error {
+	log := d.log
 	ctx, stop := context.WithCancelCause(ctx)
 	defer stop(nil)
 	var wg sync.WaitGroup
@@ -500,44 +686,45 @@ func runDaemon(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 		// Without it the program's route answers go stale for 64 jiffies
 		// after a change, so a watcher that fails stops the daemon, to be
 		// restarted, rather than run on with the window open.
-		if err := routes.Run(ctx); err != nil {
+		if err := d.routes.Run(ctx); err != nil {
 			log.Error("route watch failed: stopping", "error", err)
 			stop(err)
 		}
 	})
-	wg.Go(func() { reclaimer.Run(ctx, f.interval) })
-	if ag.Drops != nil {
+	wg.Go(func() { d.reclaimer.Run(ctx, d.f.interval) })
+	if d.views.Drops != nil {
 		wg.Go(func() {
-			if err := ag.Drops.Run(ctx); err != nil {
+			if err := d.views.Drops.Run(ctx); err != nil {
 				log.Error("drop monitor stopped", "error", err)
 			}
 		})
 	}
 	wg.Go(func() {
 		// The move ran at start, before the servers; the records are
-		// collected at start here.
-		if f.cniDataDir != "" {
-			collectRecords(ctx, f.cniDataDir, conn, locks, log)
+		// collected at start here. Each pass may remove taps whose
+		// records then name nothing: the collection runs after it.
+		if d.records != nil {
+			d.records.collect(ctx)
 		}
-		afterEachPass(ctx, passDone, func() {
-			moveToCurrentProgram(ctx, registry, log)
-			if f.cniDataDir != "" {
-				collectRecords(ctx, f.cniDataDir, conn, locks, log)
+		afterEachPass(ctx, d.passDone, func() {
+			moveToCurrentProgram(ctx, d.registry, log)
+			if d.records != nil {
+				d.records.collect(ctx)
 			}
 		})
 	})
 	<-ctx.Done()
-	stopBy = time.Now().Add(f.shutdownTimeout)
-	log.Info("stopping: finishing the pass in flight", "timeout", f.shutdownTimeout.String())
+	d.stopBy = time.Now().Add(d.f.shutdownTimeout)
+	log.Info("stopping: finishing the pass in flight", "timeout", d.f.shutdownTimeout.String())
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
 	select {
 	case <-done:
 		log.Info("stopped")
-	case <-time.After(time.Until(stopBy)):
+	case <-time.After(time.Until(d.stopBy)):
 		// Exiting mid-removal is safe: a link deleted before its rows
 		// leaves orphan rows, which the next start's passes clear.
-		log.Warn("stopping with a pass still in flight: the shutdown timeout ran out", "timeout", f.shutdownTimeout.String())
+		log.Warn("stopping with a pass still in flight: the shutdown timeout ran out", "timeout", d.f.shutdownTimeout.String())
 	}
 	if err := context.Cause(ctx); err != nil && !errors.Is(err, context.Canceled) {
 		return err
@@ -572,14 +759,38 @@ func moveToCurrentProgram(ctx context.Context, registry *attachreg.Registry, log
 	}
 }
 
-// collectRecords removes the CNI records that no longer speak for a tap
-// (cnitap.CollectRecords).
-func collectRecords(ctx context.Context, dataDir string, links cnitap.Links, locks teardown.Locker, log *slog.Logger) {
-	log = log.With("component", "cni-records")
-	done, err := cnitap.CollectRecords(ctx, dataDir, links, locks, 10*time.Second, log)
+// recordCollector removes the CNI records that no longer speak for a tap
+// (cnitap.CollectRecords), and keeps what its last round said for
+// /v1/status.
+type recordCollector struct {
+	dataDir string
+	links   cnitap.Links
+	locks   teardown.Locker
+	log     *slog.Logger
+
+	mu   sync.Mutex
+	last nodeview.RecordsStatus
+}
+
+func (c *recordCollector) collect(ctx context.Context) {
+	done, err := cnitap.CollectRecords(ctx, c.dataDir, c.links, c.locks, 10*time.Second, c.log)
 	if err != nil && ctx.Err() == nil {
-		log.Warn("collecting CNI records: some were left for the next round", "folder", dataDir, "collected", len(done), "error", err)
+		c.log.Warn("collecting CNI records: some were left for the next round", "folder", c.dataDir, "collected", len(done), "error", err)
 	}
+	st := nodeview.RecordsStatus{Folder: c.dataDir, At: time.Now(), Collected: len(done)}
+	if err != nil {
+		st.Error = err.Error()
+	}
+	c.mu.Lock()
+	c.last = st
+	c.mu.Unlock()
+}
+
+// RecordsStatus implements nodeview.RecordsSource.
+func (c *recordCollector) RecordsStatus() nodeview.RecordsStatus {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.last
 }
 
 // passSignal passes the reclaim's reports on and says, without blocking

@@ -50,6 +50,9 @@ type Views struct {
 	// Counters are the program's node-wide frame counters; nil reports
 	// none.
 	Counters DropCounters
+	// Records says what the CNI records' collection last did; nil when
+	// the daemon collects none.
+	Records RecordsSource
 
 	scanMu   sync.Mutex
 	lastScan holder.Scan
@@ -304,6 +307,29 @@ type Status struct {
 	// Unbound are the taps taken over from an older build that run without
 	// anti-spoofing until an ADD binds them (GalacticTapsUnbound).
 	Unbound UnboundStatus `json:"unbound"`
+	// Records is the CNI records' collection; absent when the daemon
+	// collects none.
+	Records *RecordsStatus `json:"records,omitempty"`
+}
+
+// RecordsSource is the CNI records' collection, as the daemon runs it.
+type RecordsSource interface {
+	RecordsStatus() RecordsStatus
+}
+
+// RecordsStatus is what the last round of the CNI records' collection
+// did, and what it left for want of evidence that the tap is gone.
+type RecordsStatus struct {
+	Folder    string    `json:"folder"`
+	At        time.Time `json:"at,omitzero"`
+	Collected int       `json:"collected"`
+	// Kept counts the records the round did not judge, and KeptWhy says
+	// why: the daemon does not see the network namespace they were
+	// written in, so a tap it cannot see there is no evidence of a tap
+	// gone.
+	Kept    int    `json:"kept,omitempty"`
+	KeptWhy string `json:"keptWhy,omitempty"`
+	Error   string `json:"error,omitempty"`
 }
 
 // UnboundStatus counts the unbound taps and names the first MaxNamedUnbound.
@@ -429,7 +455,7 @@ func (v *Views) Status(ctx context.Context) Status {
 	if err := v.Ready(ctx); err != nil {
 		st.Ready, st.Reason = false, err.Error()
 	}
-	if reps := v.Reclaimer.Reports(); len(reps) > 0 {
+	if reps := slices.DeleteFunc(v.Reclaimer.Reports(), func(r reclaim.Report) bool { return r.Result == reclaim.ResultRunning }); len(reps) > 0 {
 		r := reps[0]
 		st.LastPass = &PassSummary{Started: r.Started, Finished: r.Finished, Result: r.Result, Reason: r.Reason,
 			DryRun: r.DryRun, Reclaimed: len(r.Reclaimed), Failed: len(r.Failed)}
@@ -438,6 +464,10 @@ func (v *Views) Status(ctx context.Context) Status {
 		st.InventoryProvenAt = p.ProvenAt()
 	}
 	st.HolderScan = v.HolderScan(ctx)
+	if v.Records != nil {
+		r := v.Records.RecordsStatus()
+		st.Records = &r
+	}
 	if v.Datapath != nil {
 		st.Programs = v.Programs()
 		st.Unbound = v.Unbound(ctx)
