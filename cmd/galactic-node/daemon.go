@@ -361,7 +361,7 @@ func runDaemon(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 	passDone := make(chan struct{}, 1)
 	reclaimer := reclaim.New(conn, inv, reclaimRegistry(registry, log), locks, passSignal{metrics, passDone}, log, rcfg)
 	ag := &nodeview.Views{Links: conn, Inventory: inv, Reclaimer: reclaimer, Registry: registry, Datapath: dp, Holders: holders,
-		MaxInventoryAge: f.inventoryMaxAge, Counters: dp}
+		MaxInventoryAge: f.inventoryMaxAge, Counters: dp, Prober: holder.Prober{Links: conn}}
 	// The drop monitor reads the program's records of dropped frames
 	// whether or not anyone follows them, so that the ring never fills
 	// while nobody looks; a kernel without ring buffers leaves the node
