@@ -93,6 +93,60 @@ func TestTheDaemonKeepsAHeldSingleQueueTapWithCarrierOff(t *testing.T) {
 	}
 }
 
+// The operator's view of such a tap must agree with the pass: one held by
+// a file no /proc scan sees (in flight over SCM_RIGHTS), carrier off, its
+// identity carried by nothing, is a candidate of the reclaim, and
+// `galactic-node taps` asks the kernel and reads it held; a free one reads
+// a candidate.
+func TestTheTapsViewReadsAHeldSingleQueueTapWithCarrierOffHeld(t *testing.T) {
+	n := newNode(t)
+	held, free := "G00000000a005H", "G00000000a006H"
+	n.stampedTap(held, "sandbox-5", tun.Mode{SingleQueue: true})
+	n.stampedTap(free, "sandbox-6", tun.Mode{SingleQueue: true})
+	nettest.HoldInFlight(t, n.ns, held, tun.Mode{SingleQueue: true})
+	n.ns.IP(t, "link", "set", held, "carrier", "off")
+
+	// The pass only marks: no candidate is old enough to confirm.
+	_, log := n.start("--inventory-file", n.writeInventory(liveAttachment), "--min-candidate-age", "1h")
+	n.waitReady(log)
+	if rep := n.force(""); len(rep.Reclaimed) != 0 {
+		t.Fatalf("a marking pass removed taps: %+v", rep)
+	}
+	out, err := exec.Command(binary, "taps", "--socket", n.socket, "-o", "json").CombinedOutput()
+	if err != nil {
+		t.Fatalf("galactic-node taps: %v: %s", err, out)
+	}
+	var taps struct {
+		Items []struct {
+			Name    string `json:"name"`
+			Held    bool   `json:"held"`
+			HeldWhy string `json:"heldWhy"`
+			State   string `json:"state"`
+		} `json:"items"`
+	}
+	if err := json.Unmarshal(out, &taps); err != nil {
+		t.Fatalf("taps -o json: %v: %s", err, out)
+	}
+	seen := 0
+	for _, tp := range taps.Items {
+		switch tp.Name {
+		case held:
+			seen++
+			if !tp.Held || tp.State != "held" || !strings.Contains(tp.HeldWhy, "EBUSY") {
+				t.Errorf("the held tap reads held=%v state=%s heldWhy=%q, want held, the kernel's refusal", tp.Held, tp.State, tp.HeldWhy)
+			}
+		case free:
+			seen++
+			if tp.Held || tp.State != "candidate" {
+				t.Errorf("the free tap reads held=%v state=%s heldWhy=%q, want a candidate", tp.Held, tp.State, tp.HeldWhy)
+			}
+		}
+	}
+	if seen != 2 {
+		t.Fatalf("taps lists %d of the two taps: %s", seen, out)
+	}
+}
+
 // Two passes a moment apart must not confirm a tap whose VMM may not have
 // opened it yet: --min-candidate-age holds forced passes too, pending shows
 // when a candidate becomes eligible, and a misspelt dryRun runs nothing.

@@ -541,7 +541,7 @@ func (d *daemon) openViews(context.Context) error {
 		d.log.Info("the holder scan cannot see every process: HOLDERS may miss some; removals do not depend on it", "why", why)
 	}
 	ag := &nodeview.Views{Links: d.conn, Inventory: d.inv, Reclaimer: d.reclaimer, Registry: d.registry, Datapath: d.dp, Holders: holders,
-		MaxInventoryAge: d.f.inventoryMaxAge, Counters: d.dp}
+		MaxInventoryAge: d.f.inventoryMaxAge, Counters: d.dp, Prober: holder.Prober{Links: d.conn}}
 	if d.records != nil {
 		ag.Records = d.records
 	}

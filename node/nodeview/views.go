@@ -53,11 +53,28 @@ type Views struct {
 	// Records says what the CNI records' collection last did; nil when
 	// the daemon collects none.
 	Records RecordsSource
+	// Prober asks the kernel whether a file holds a single-queue tap
+	// whose carrier is off, the one kind of tap the link attributes
+	// cannot judge; it should be the prober the reclaim uses, so the view
+	// judges a tap as a pass would. nil asks nothing, and such taps say
+	// they were not asked.
+	Prober Prober
 
 	scanMu   sync.Mutex
 	lastScan holder.Scan
 	scanned  time.Time
 }
+
+// Prober attaches to a tap to learn whether another file holds it;
+// holder.Prober implements it.
+type Prober interface {
+	Claim(ctx context.Context, t link.Tap) (*holder.Claim, error)
+}
+
+// MaxProbesPerView bounds the kernel probes one Taps call makes: each
+// opens the tun device and reads the link again, and a request must not
+// turn into a probe of every tap on a node with thousands of candidates.
+const MaxProbesPerView = 16
 
 // scanMaxAge is how long Status and the metrics reuse a holder scan: a
 // scrape or status flood must not turn into a /proc walk each.
@@ -178,6 +195,7 @@ func (v *Views) Taps(ctx context.Context) ([]TapView, error) {
 	counts, countsErr := v.decisionCounts()
 	unbound, _ := v.unboundTaps()
 	views := []TapView{}
+	probes := 0
 	for _, t := range link.TenantTaps(links) {
 		held, why := holder.Held(t)
 		holders := scan.Holders(t.Name)
@@ -186,12 +204,17 @@ func (v *Views) Taps(ctx context.Context) ([]TapView, error) {
 			// saw its VMM. The reclaim would find it held at its probe.
 			held, why = true, fmt.Sprintf("pid %d (%s) holds it (holder scan)", holders[0].PID, holders[0].Command)
 		}
+		carriedBy, carriers := inventory.Named(snap.Carriers(t.Identity))
+		if !held {
+			// Held calls every single-queue tap with carrier off free,
+			// held or not; only an attach tells.
+			held, why = v.askKernel(ctx, t, carriedBy != nil, &probes)
+		}
 		view := TapView{
 			Name: t.Name, Ifindex: t.Index, Identity: t.Identity, VPC: t.Identity.VPC.Base62(), Attachment: t.Identity.Attachment.Base62(),
 			Owner: t.Owner(), Master: names[t.Master], MasterKind: t.MasterKind, Held: held, HeldWhy: why,
-			Holders: holders,
+			Holders: holders, CarriedBy: carriedBy, Carriers: carriers,
 		}
-		view.CarriedBy, view.Carriers = inventory.Named(snap.Carriers(t.Identity))
 		if view.CarriedBy == nil {
 			view.CarriedBy = []inventory.ObjectRef{}
 		}
@@ -215,6 +238,48 @@ func (v *Views) Taps(ctx context.Context) ([]TapView, error) {
 		views = append(views, view)
 	}
 	return views, nil
+}
+
+// askKernel judges t, which Held and the holder scan call free, the way a
+// pass judges it before removal: by attaching to it. probes counts the
+// probes of this view so far.
+//
+// Only a single-queue tap needs it (a multiqueue tap's queue counts count
+// every file), and only a reclaim candidate gets it: a stamped tap whose
+// identity no object carries, which the view would otherwise call stale,
+// candidate or confirmed. A probe holds the tap's only queue while it
+// runs, so a VMM opening the tap in that instant gets EBUSY; a tap the
+// inventory carries belongs to a VM that may be starting now, and is never
+// probed: its state reads live whatever a probe would say. For the same
+// reason a probe may keep a pass's own claim out (that pass then keeps the
+// tap), or find the pass's claim (the view then reads held), both on the
+// side of keeping the tap.
+func (v *Views) askKernel(ctx context.Context, t link.Tap, carried bool, probes *int) (bool, string) {
+	if t.Tun == nil || t.Tun.Err() != nil || t.Tun.MultiQueue {
+		return false, ""
+	}
+	const notAsked = "single-queue with carrier off: not asked"
+	switch {
+	case carried:
+		return false, notAsked + " (carried by the inventory)"
+	case !t.Stamped():
+		return false, notAsked + " (unstamped: never reclaimed)"
+	case v.Prober == nil:
+		return false, notAsked + " (no kernel probe configured)"
+	case *probes >= MaxProbesPerView:
+		return false, fmt.Sprintf("%s: probe budget (%d per view) spent", notAsked, MaxProbesPerView)
+	}
+	*probes++
+	c, err := v.Prober.Claim(ctx, t)
+	switch {
+	case errors.Is(err, holder.ErrHeld):
+		return true, "the kernel refused an attach (EBUSY): a file holds its only queue"
+	case err != nil:
+		return false, "single-queue with carrier off: the kernel could not be asked: " + err.Error()
+	}
+	// Released at once: the view only asks, and a VMM may attach next.
+	c.Release()
+	return false, "the kernel took an attach: no file held it"
 }
 
 // tapState decides a tap's state from what protects it, the most protected
