@@ -42,7 +42,7 @@ const (
 // nothing outside them.
 var boundPaths = []string{
 	"/var/lib/kubelet", "/var/lib/containerd", "/run/containerd", "/opt/containerd",
-	"/var/lib/cni", "/opt/cni/bin", "/etc/cni/net.d", "/run/galactic", "/opt/galactic",
+	"/var/lib/cni", "/opt/cni/bin", "/etc/cni/net.d", "/run/galactic", "/opt/galactic", "/var/lib/galactic",
 	"/var/log/pods", "/var/log/containers", "/run/netns",
 }
 

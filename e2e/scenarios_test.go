@@ -551,8 +551,19 @@ func (n *node) scenarioTheDaemonReclaimsATapWhoseDELNeverRan(t *testing.T) {
 	n.waitNoTap(t, lostTap, minCandidateAge+2*passInterval+2*time.Minute)
 	t.Logf("the lost sandbox's tap was reclaimed %s after its VPCAttachment went (minimum age %s, passes every %s)",
 		time.Since(gone).Round(time.Second), minCandidateAge, passInterval)
-	if !n.passReclaimed(t, lostTap) {
+	// The pass in flight lists its removals as they happen; under load
+	// the tap can still be seen gone a moment before the report says so.
+	if !waitUntil(time.Minute, func() bool { return n.passReclaimed(t, lostTap) }) {
 		t.Fatalf("no pass of the daemon reclaimed %s: it went some other way", lostTap.Name)
+	}
+	// And the operator finds it where they look first.
+	if !waitUntil(time.Minute, func() bool {
+		out, err := n.kubectlErr("get", "events", "-n", "default", "--field-selector", "reason=TapReclaimed",
+			"-o", "jsonpath={range .items[*]}{.message}{\"\\n\"}{end}")
+		return err == nil && strings.Contains(out, lostTap.Name) && strings.Contains(out, "a/5")
+	}) {
+		out, _ := n.kubectlErr("get", "events", "-A", "-o", "wide")
+		t.Fatalf("no TapReclaimed event names %s:\n%s", lostTap.Name, out)
 	}
 	if rows := n.rows(t, lostTap.Ifindex); rows != "" {
 		t.Fatalf("the reclaimed tap's rows stay: %s", rows)
@@ -614,6 +625,18 @@ func (n *node) waitPasses(t *testing.T, since time.Time, count int) {
 }
 
 // passReclaimed: a pass of the daemon reports tap among those it removed.
+// waitUntil polls cond every half second for up to d.
+func waitUntil(d time.Duration, cond func() bool) bool {
+	for deadline := time.Now().Add(d); ; time.Sleep(500 * time.Millisecond) {
+		if cond() {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+	}
+}
+
 func (n *node) passReclaimed(t *testing.T, tap tapView) bool {
 	t.Helper()
 	for _, p := range n.passes(t) {
