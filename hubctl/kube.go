@@ -467,6 +467,19 @@ func (k *Kube) Event(_ context.Context, n Network, warning bool, reason, message
 	k.record(networkReference(n), nil, warning, reason, actionOf(reason), message)
 }
 
+// ClaimEvent implements API: regarding the network while it exists as an
+// object, with the claim as related, else the claim itself, which is what
+// is left of a gone network.
+func (k *Kube) ClaimEvent(_ context.Context, n *Network, c Claim, warning bool, reason, action, message string) {
+	claim := &corev1.ObjectReference{APIVersion: ClaimResource.GroupVersion().String(), Kind: "IPClaim",
+		Namespace: c.Namespace, Name: c.Name, UID: c.UID}
+	if n == nil {
+		k.record(claim, nil, warning, reason, action, message)
+		return
+	}
+	k.record(networkReference(*n), claim, warning, reason, action, message)
+}
+
 func networkReference(n Network) *corev1.ObjectReference {
 	return &corev1.ObjectReference{APIVersion: NetworkResource.GroupVersion().String(), Kind: "Network",
 		Namespace: n.Namespace, Name: n.Name, UID: n.UID}
@@ -507,8 +520,8 @@ func actionOf(reason string) string {
 		return "Place"
 	case "FabricIdentityUnplaced", "FabricIdentityWithdrawalHeld":
 		return "Unplace"
-	case "FabricIdentityReleasesHeld", "FabricIdentityReleasesResumed":
-		return "Release"
+	case "FabricIdentityReleasesHeld", "FabricIdentityReleasesResumed", ReasonClaimReleased, ReasonClaimReleaseRefused:
+		return ActionRelease
 	}
 	return "Reconcile"
 }
