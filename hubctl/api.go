@@ -179,6 +179,10 @@ type API interface {
 	// HubEvent records an event about the hub as a whole, on the platform
 	// namespace: what holds every release back, not one network's.
 	HubEvent(ctx context.Context, warning bool, reason, message string)
+	// ClaimEvent records an event about the release of a gone network's
+	// claim c, regarding network n while it exists as an object (n not
+	// nil), else the claim: a gone network has no object to hang it on.
+	ClaimEvent(ctx context.Context, n *Network, c Claim, warning bool, reason, action, message string)
 }
 
 // The client rate a hub controller runs at by default: client-go's own 5/s,

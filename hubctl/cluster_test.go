@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -793,8 +794,8 @@ func TestReleasesCountOnlyClaimsReallyDeletedOnARealAPIServer(t *testing.T) {
 }
 
 // TestAQuotaRefusalIsOneEventWithTheNetworksUIDOnARealAPIServer: repeated
-// refusals of one network aggregate into one Event whose count grows, and
-// whose involvedObject carries the network's UID.
+// refusals of one network aggregate into one events.k8s.io/v1 Event whose
+// series grows, and which regards the network by its UID.
 func TestAQuotaRefusalIsOneEventWithTheNetworksUIDOnARealAPIServer(t *testing.T) {
 	h := newHub(t, 1)
 	in := h.start(t, "", "")
@@ -807,25 +808,28 @@ func TestAQuotaRefusalIsOneEventWithTheNetworksUIDOnARealAPIServer(t *testing.T)
 		t.Fatal(err)
 	}
 	waitFor(t, "B refused three times", func() bool { return testutil.ToFloat64(quotaRefusals(in.metrics)) >= 3 })
-	var refusals []corev1.Event
-	waitFor(t, "the refusals recorded as one Event counted more than once", func() bool {
-		events, err := h.cs.CoreV1().Events(team).List(context.Background(), metav1.ListOptions{})
+	var refusals []eventsv1.Event
+	waitFor(t, "the refusals recorded as one Event with a series", func() bool {
+		events, err := h.cs.EventsV1().Events(team).List(context.Background(), metav1.ListOptions{FieldSelector: "reason=FabricIdentityQuotaExceeded"})
 		if err != nil {
 			return false
 		}
 		refusals = refusals[:0]
 		for _, e := range events.Items {
-			if e.Reason == "FabricIdentityQuotaExceeded" && e.InvolvedObject.Name == "net-b" {
+			if e.Regarding.Name == "net-b" {
 				refusals = append(refusals, e)
 			}
 		}
-		return len(refusals) > 1 || (len(refusals) == 1 && refusals[0].Count >= 2)
+		return len(refusals) > 1 || (len(refusals) == 1 && refusals[0].Series != nil && refusals[0].Series.Count >= 2)
 	})
 	if len(refusals) != 1 {
-		t.Fatalf("%d Events for one network's refusals, want 1 with a count", len(refusals))
+		t.Fatalf("%d Events for one network's refusals, want 1 with a series", len(refusals))
 	}
-	if got := refusals[0].InvolvedObject.UID; got != b.GetUID() {
-		t.Fatalf("the Event's involvedObject UID is %q, want the network's %q", got, b.GetUID())
+	if got := refusals[0].Regarding.UID; got != b.GetUID() {
+		t.Fatalf("the Event regards UID %q, want the network's %q", got, b.GetUID())
+	}
+	if got := refusals[0].Action; got != "Claim" {
+		t.Fatalf("the Event's action is %q, want Claim", got)
 	}
 }
 

@@ -659,8 +659,10 @@ func (c *Controller) collectCounted(ctx context.Context, key Key, sweep, confirm
 		return c.failedBeforeRelease(sweep && listed != nil), fmt.Errorf("%w: %w", errNotUnplaced, err)
 	}
 	name := ClaimName(key.Namespace, key.Name)
-	result, err := c.release(ctx, key, name, listed)
-	c.countRelease(name, result, sweep)
+	result, claim, err := c.release(ctx, key, name, listed)
+	if c.countRelease(name, result, sweep) {
+		c.recordRelease(ctx, key, claim, result, err)
+	}
 	if err != nil {
 		return result, fmt.Errorf("release claim of %s: %w", key, err)
 	}
@@ -706,35 +708,36 @@ const releaseRestored = "restored"
 // changed since (ErrChanged) is read again past the cache, with its
 // allocation, and released on that read once; one re-created since
 // (ErrPrecondition) is not touched.
-func (c *Controller) release(ctx context.Context, key Key, name string, listed *Claim) (string, error) {
+func (c *Controller) release(ctx context.Context, key Key, name string, listed *Claim) (string, Claim, error) {
 	if !strings.HasPrefix(name, ClaimPrefix) {
-		return ReleaseKept, fmt.Errorf("claim %s is not a fabric-identity claim: never touched", name)
+		return ReleaseKept, Claim{}, fmt.Errorf("claim %s is not a fabric-identity claim: never touched", name)
 	}
 	claim, found, err := c.claimToRelease(ctx, name, listed)
 	if err != nil {
-		return ReleaseError, fmt.Errorf("read claim %s: %w", name, err)
+		return ReleaseError, Claim{}, fmt.Errorf("read claim %s: %w", name, err)
 	}
 	if !found {
-		return releaseNone, nil
+		return releaseNone, Claim{}, nil
 	}
 	result, err := c.releaseClaim(ctx, key, claim, false)
 	if !errors.Is(err, ErrChanged) {
-		return result, err
+		return result, claim, err
 	}
 	c.log.Info("claim changed since it was read; deciding its release again on a fresh read", "claim", name, "error", err)
-	seen := claim.UID
+	seen := claim
 	claim, err = c.api.GetClaim(ctx, c.cfg.PlatformNamespace, name)
 	switch {
 	case errors.Is(err, ErrNotFound):
-		return releaseNone, nil
+		return releaseNone, seen, nil
 	case err != nil:
-		return ReleaseError, fmt.Errorf("read claim %s again: %w", name, err)
-	case claim.UID != seen:
+		return ReleaseError, seen, fmt.Errorf("read claim %s again: %w", name, err)
+	case claim.UID != seen.UID:
 		// Deleted and made again since: whoever made it owns it, and this
 		// collect confirmed its network gone before it existed.
-		return ReleaseError, fmt.Errorf("claim %s was re-created during release (uid %s, was %s); the new one is not deleted: %w", name, claim.UID, seen, ErrPrecondition)
+		return ReleaseError, seen, fmt.Errorf("claim %s was re-created during release (uid %s, was %s); the new one is not deleted: %w", name, claim.UID, seen.UID, ErrPrecondition)
 	}
-	return c.releaseClaim(ctx, key, claim, true)
+	result, err = c.releaseClaim(ctx, key, claim, true)
+	return result, claim, err
 }
 
 // claimToRelease returns the claim named name: the listed one, the cached
@@ -875,8 +878,10 @@ func (c *Controller) allocationOf(ctx context.Context, allocName, claim string, 
 // countRelease records a release result once: released each time a claim
 // is deleted, error on each failed attempt, kept and refused only when a
 // claim first meets that result, since the retries of a held-up release are
-// not new releases. The sweep counts on its own metric alone.
-func (c *Controller) countRelease(claim, result string, sweep bool) {
+// not new releases. The sweep counts on its own metric alone. It reports
+// whether the result is news: false for a kept or refused claim that met
+// the same result last time.
+func (c *Controller) countRelease(claim, result string, sweep bool) bool {
 	c.mu.Lock()
 	first := true
 	switch result {
@@ -889,23 +894,24 @@ func (c *Controller) countRelease(claim, result string, sweep bool) {
 	n := len(c.refused)
 	c.mu.Unlock()
 	if c.metrics == nil {
-		return
+		return first
 	}
 	c.metrics.refused.Set(float64(n))
 	// The sweep looks at each claim once, so it counts whatever it met:
 	// a network claimed for again was found living.
 	if result == releaseRestored && sweep {
 		c.metrics.sweep.WithLabelValues("live").Inc()
-		return
+		return first
 	}
 	if result == releaseNone || result == releaseRestored || (!first && !sweep) {
-		return
+		return first
 	}
 	if sweep {
 		c.metrics.sweep.WithLabelValues(result).Inc()
 	} else {
 		c.metrics.releases.WithLabelValues(result).Inc()
 	}
+	return first
 }
 
 // forgetRelease drops claim from the held-up releases: its network lives.

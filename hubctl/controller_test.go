@@ -381,7 +381,7 @@ func TestAnUnparseableBlockIsAnErrorNeverIdentityZero(t *testing.T) {
 
 func TestAClaimNotOursIsNeverReleased(t *testing.T) {
 	s := newScene(t, 1)
-	if result, err := s.c.release(context.Background(), Key{"team", "a"}, "someone-else.team.a", nil); err == nil || result != ReleaseKept {
+	if result, _, err := s.c.release(context.Background(), Key{"team", "a"}, "someone-else.team.a", nil); err == nil || result != ReleaseKept {
 		t.Fatalf("release of a foreign claim = %s, %v", result, err)
 	}
 }

@@ -33,6 +33,7 @@ type addressService struct {
 	uids        int
 	rv          int // the last resourceVersion given
 	events      []string
+	claimEvents []string // ClaimEvent's, apart: the release tests count events
 
 	// Faults and hooks, set by tests.
 	getNetworkErr  error                   // fails every read of networks: GetNetwork and ListNetworkKeys
@@ -295,6 +296,20 @@ func (s *addressService) Event(_ context.Context, n Network, _ bool, reason, msg
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.events = append(s.events, n.Namespace+"/"+n.Name+" uid="+string(n.UID)+" "+reason+": "+msg)
+}
+
+func (s *addressService) ClaimEvent(_ context.Context, n *Network, c Claim, warning bool, reason, action, msg string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	on := "claim " + c.Name + " uid=" + string(c.UID)
+	if n != nil {
+		on = "network " + n.Namespace + "/" + n.Name + " uid=" + string(n.UID)
+	}
+	typ := "Normal"
+	if warning {
+		typ = "Warning"
+	}
+	s.claimEvents = append(s.claimEvents, on+" "+typ+" "+reason+" "+action+": "+msg)
 }
 
 func (s *addressService) HubEvent(_ context.Context, _ bool, reason, msg string) {

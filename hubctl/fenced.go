@@ -90,6 +90,16 @@ func (f fenced) HubEvent(ctx context.Context, warning bool, reason, message stri
 	f.API.HubEvent(ctx, warning, reason, message)
 }
 
+// ClaimEvent implements API, held as Event is.
+func (f fenced) ClaimEvent(ctx context.Context, n *Network, c Claim, warning bool, reason, action, message string) {
+	ctx, cancel, err := f.fence.Hold(ctx)
+	if err != nil {
+		return
+	}
+	defer cancel()
+	f.API.ClaimEvent(ctx, n, c, warning, reason, action, message)
+}
+
 // fencedPlacement holds every write of the placement API it wraps by its
 // Fence, as fenced does the controller's.
 type fencedPlacement struct {

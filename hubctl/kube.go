@@ -22,10 +22,9 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
-	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/tools/events"
 )
 
 // Resources the controller reads and writes.
@@ -48,8 +47,9 @@ type Kube struct {
 	rc          rest.Interface
 	dyn         dynamic.Interface
 	platform    string
-	broadcaster record.EventBroadcaster
-	recorder    record.EventRecorder
+	broadcaster events.EventBroadcaster
+	recorder    events.EventRecorder
+	stop        context.CancelFunc
 }
 
 // NewRESTClient returns the one client the controller's requests share, so
@@ -67,22 +67,33 @@ func NewRESTClient(cfg *rest.Config) (rest.Interface, error) {
 
 // NewKube returns the API over rc (NewRESTClient), recording events
 // through cs as source; events about the hub as a whole go on the platform
-// namespace. Events go through client-go's recorder, whose correlator
-// turns a repeated event into one Event with a growing count instead of a
-// new object each time; call Shutdown to flush and stop it.
+// namespace. Events are written as events.k8s.io/v1 Events, whose
+// broadcaster turns a repeat (same regarding object, reason, action and
+// type) into one Event with a growing series instead of a new object each
+// time: a create, one patch when it first repeats, then a patch at most
+// every 30 minutes while it goes on. The events.k8s.io broadcaster is
+// used directly rather than through events.NewEventBroadcasterAdapter,
+// which asks discovery at construction and silently falls back to core/v1
+// when the group is not served: the group is GA since 1.19, and one
+// recorder means one RBAC rule to grant. Call Shutdown to stop it.
 func NewKube(rc rest.Interface, cs kubernetes.Interface, platform, source string) *Kube {
-	b := record.NewBroadcaster()
-	b.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: cs.CoreV1().Events("")})
-	return &Kube{rc: rc, dyn: dynamic.New(rc), platform: platform, broadcaster: b,
-		recorder: b.NewRecorder(scheme.Scheme, corev1.EventSource{Component: source})}
+	b := events.NewBroadcaster(&events.EventSinkImpl{Interface: cs.EventsV1()})
+	ctx, stop := context.WithCancel(context.Background())
+	b.StartRecordingToSink(ctx.Done())
+	return &Kube{rc: rc, dyn: dynamic.New(rc), platform: platform, broadcaster: b, stop: stop,
+		recorder: b.NewRecorder(scheme.Scheme, source)}
 }
 
 // Dynamic is the dynamic client over the Kube's REST client: informers
 // built on it share the Kube's rate limiter.
 func (k *Kube) Dynamic() dynamic.Interface { return k.dyn }
 
-// Shutdown stops recording events.
-func (k *Kube) Shutdown() { k.broadcaster.Shutdown() }
+// Shutdown stops recording events: events recorded but not yet written
+// may be lost, as they may be on any restart.
+func (k *Kube) Shutdown() {
+	k.stop()
+	k.broadcaster.Shutdown()
+}
 
 // mapErr turns API errors into this package's sentinels, keeping the
 // original for its message. Refusals are told apart by status code and
@@ -446,22 +457,73 @@ func (k *Kube) ListAllocations(ctx context.Context, ns string) ([]Allocation, er
 
 // HubEvent implements API: the event goes on the platform namespace.
 func (k *Kube) HubEvent(_ context.Context, warning bool, reason, message string) {
-	typ := corev1.EventTypeNormal
-	if warning {
-		typ = corev1.EventTypeWarning
-	}
-	k.recorder.Event(&corev1.ObjectReference{APIVersion: "v1", Kind: "Namespace", Name: k.platform, Namespace: k.platform}, typ, reason, message)
+	k.record(&corev1.ObjectReference{APIVersion: "v1", Kind: "Namespace", Name: k.platform, Namespace: k.platform}, nil,
+		warning, reason, actionOf(reason), message)
 }
 
 // Event implements API. Recording is asynchronous and never fails the
 // caller: events are for people.
 func (k *Kube) Event(_ context.Context, n Network, warning bool, reason, message string) {
+	k.record(networkReference(n), nil, warning, reason, actionOf(reason), message)
+}
+
+// ClaimEvent implements API: regarding the network while it exists as an
+// object, with the claim as related, else the claim itself, which is what
+// is left of a gone network.
+func (k *Kube) ClaimEvent(_ context.Context, n *Network, c Claim, warning bool, reason, action, message string) {
+	claim := &corev1.ObjectReference{APIVersion: ClaimResource.GroupVersion().String(), Kind: "IPClaim",
+		Namespace: c.Namespace, Name: c.Name, UID: c.UID}
+	if n == nil {
+		k.record(claim, nil, warning, reason, action, message)
+		return
+	}
+	k.record(networkReference(*n), claim, warning, reason, action, message)
+}
+
+func networkReference(n Network) *corev1.ObjectReference {
+	return &corev1.ObjectReference{APIVersion: NetworkResource.GroupVersion().String(), Kind: "Network",
+		Namespace: n.Namespace, Name: n.Name, UID: n.UID}
+}
+
+// noteLimit is what the API server accepts of an events.k8s.io/v1 note
+// (validation's NoteLengthLimit); a longer one is refused and the event
+// lost, and refusals quote API errors of any length.
+const noteLimit = 1024
+
+func (k *Kube) record(regarding, related *corev1.ObjectReference, warning bool, reason, action, note string) {
 	typ := corev1.EventTypeNormal
 	if warning {
 		typ = corev1.EventTypeWarning
 	}
-	k.recorder.Event(&corev1.ObjectReference{APIVersion: "networking.datumapis.com/v1alpha", Kind: "Network",
-		Namespace: n.Namespace, Name: n.Name, UID: n.UID}, typ, reason, message)
+	if len(note) > noteLimit {
+		note = strings.ToValidUTF8(note[:noteLimit-len("…")], "") + "…"
+	}
+	// A nil *ObjectReference in the interface would not be nil to the
+	// recorder, which then fails to reference it.
+	var rel runtime.Object
+	if related != nil {
+		rel = related
+	}
+	// The note goes as an argument: a message may hold a % of its own.
+	k.recorder.Eventf(regarding, rel, typ, reason, action, "%s", note)
+}
+
+// actionOf is the action (what the hub was doing) of the events the
+// controller and placement record through Event and HubEvent, which
+// events.k8s.io/v1 requires and core/v1 had no field for.
+func actionOf(reason string) string {
+	switch reason {
+	case "FabricIdentityQuotaExceeded", "FabricIdentityClaimMisconfigured", "FabricIdentityPoolExhausted",
+		"FabricIdentityClaimRestored":
+		return "Claim"
+	case "FabricIdentityPlaced", "FabricIdentityPlacementRefused":
+		return "Place"
+	case "FabricIdentityUnplaced", "FabricIdentityWithdrawalHeld":
+		return "Unplace"
+	case "FabricIdentityReleasesHeld", "FabricIdentityReleasesResumed", ReasonClaimReleased, ReasonClaimReleaseRefused:
+		return ActionRelease
+	}
+	return "Reconcile"
 }
 
 // newInformer returns an informer over ri whose cache keeps of each object

@@ -533,8 +533,14 @@ func (h *heldWrites) Event(ctx context.Context, n Network, warning bool, reason,
 	h.addressService.Event(ctx, n, warning, reason, msg)
 }
 
-// Every write, the quota event included, is made under its own hold of
-// the fence, with the fence's context, and the hold is ended after it.
+func (h *heldWrites) ClaimEvent(ctx context.Context, n *Network, c Claim, warning bool, reason, action, msg string) {
+	h.note(ctx)
+	h.addressService.ClaimEvent(ctx, n, c, warning, reason, action, msg)
+}
+
+// Every write, the quota and release events included, is made under its
+// own hold of the fence, with the fence's context, and the hold is ended
+// after it.
 func TestEveryWriteIsMadeUnderTheFence(t *testing.T) {
 	svc := newAddressService(1)
 	cache := fakeCache{}
@@ -551,8 +557,9 @@ func TestEveryWriteIsMadeUnderTheFence(t *testing.T) {
 	if err := c.Reconcile(context.Background(), Key{"team", "a"}); err != nil {
 		t.Fatal(err)
 	}
-	// claim a, identity a, claim b (refused), event b, identity a, claim a
-	if api.writes != 6 || api.held != api.writes || fence.holds != api.writes || fence.cancels != fence.holds {
+	// claim a, identity a, claim b (refused), event b, identity a, claim a,
+	// event claim a released
+	if api.writes != 7 || api.held != api.writes || fence.holds != api.writes || fence.cancels != fence.holds {
 		t.Fatalf("%d writes, %d with the fence's context; %d holds, %d ended", api.writes, api.held, fence.holds, fence.cancels)
 	}
 }

@@ -274,6 +274,16 @@ func TestEachServiceAccountHasExactlyWhatItNeeds(t *testing.T) {
 		{"galactic-hubctl", "create", "policy.karmada.io", "propagationpolicies", "tenant", false},
 		{"galactic-hubctl", "patch", "cloud.datumapis.com", "networkfabricidentities", "tenant", true},
 		{"galactic-hubctl", "create", "authentication.k8s.io", "tokenreviews", "", false},
+		// Events: written through events.k8s.io/v1 (a create, and a patch
+		// for a repeat's series), on networks and on the platform
+		// namespace; never read, updated or deleted, and no core ones.
+		{"galactic-hubctl", "create", "events.k8s.io", "events", "tenant", true},
+		{"galactic-hubctl", "patch", "events.k8s.io", "events", "platform", true},
+		{"galactic-hubctl", "update", "events.k8s.io", "events", "platform", false},
+		{"galactic-hubctl", "delete", "events.k8s.io", "events", "platform", false},
+		{"galactic-hubctl", "list", "events.k8s.io", "events", "", false},
+		{"galactic-hubctl", "create", "", "events", "tenant", false},
+		{"galactic-hubctl", "patch", "", "events", "platform", false},
 		{"galactic-hubctl", "list", "", "secrets", "platform", false},
 	} {
 		if got := may(c.sa, c.verb, c.group, c.resource, c.ns); got != c.want {
