@@ -21,6 +21,7 @@ import (
 	"context"
 	"fmt"
 	"time"
+	"unicode/utf8"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -83,16 +84,16 @@ func tapPart(name string) string { return "taps{" + name + "}" }
 
 // TapReclaimed implements reclaim.Recorder.
 func (r *Recorder) TapReclaimed(t reclaim.TapRef, firstSeen time.Time) {
-	r.recorder.Eventf(r.nodeRef(tapPart(t.Name)), nil, corev1.EventTypeNormal, ReasonTapReclaimed, actionReclaim,
+	r.event(tapPart(t.Name), corev1.EventTypeNormal, ReasonTapReclaimed, actionReclaim,
 		"Reclaimed tap %s (ifindex %d, owner %s, identity %s): nothing held it and no VPCAttachment or BGPAdvertisement carried its identity since %s",
 		t.Name, t.Ifindex, t.Owner, t.Identity, firstSeen.UTC().Format(time.RFC3339))
 }
 
 // TapReclaimFailed implements reclaim.Recorder.
 func (r *Recorder) TapReclaimFailed(f reclaim.Failure) {
-	r.recorder.Eventf(r.nodeRef(tapPart(f.Tap.Name)), nil, corev1.EventTypeWarning, ReasonTapReclaimFailed, actionReclaim,
+	r.event(tapPart(f.Tap.Name), corev1.EventTypeWarning, ReasonTapReclaimFailed, actionReclaim,
 		"Reclaim of tap %s (ifindex %d, owner %s, identity %s) failed at stage %s, retried by a later pass: %s",
-		f.Tap.Name, f.Tap.Ifindex, f.Tap.Owner, f.Tap.Identity, f.Stage, truncate(f.Error))
+		f.Tap.Name, f.Tap.Ifindex, f.Tap.Owner, f.Tap.Identity, f.Stage, f.Error)
 }
 
 // BrakeEngaged implements reclaim.Recorder.
@@ -101,23 +102,32 @@ func (r *Recorder) BrakeEngaged(b reclaim.Brake) {
 	if !b.ReleasesAt.IsZero() {
 		release = fmt.Sprintf("it releases on its own at %s if the inventory shrinks no further, or: galactic-node pass --allow-mass-removal", b.ReleasesAt.UTC().Format(time.RFC3339))
 	}
-	r.recorder.Eventf(r.nodeRef(""), nil, corev1.EventTypeWarning, ReasonMassRemovalBrakeEngaged, actionBrake,
-		"Mass-removal brake engaged, passes remove nothing (%d confirmed taps held): %s; %s", b.Held, truncate(b.Reason), release)
+	r.event("", corev1.EventTypeWarning, ReasonMassRemovalBrakeEngaged, actionBrake,
+		"Mass-removal brake engaged, passes remove nothing (%d confirmed taps held): %s; %s", b.Held, b.Reason, release)
 }
 
 // BrakeReleased implements reclaim.Recorder.
 func (r *Recorder) BrakeReleased(how string, accepted int) {
-	r.recorder.Eventf(r.nodeRef(""), nil, corev1.EventTypeNormal, ReasonMassRemovalBrakeReleased, actionRelease,
-		"Mass-removal brake released %s; %d candidates accepted, removed at the per-pass cap's pace", truncate(how), accepted)
+	r.event("", corev1.EventTypeNormal, ReasonMassRemovalBrakeReleased, actionRelease,
+		"Mass-removal brake released %s; %d candidates accepted, removed at the per-pass cap's pace", how, accepted)
 }
 
-// maxNote is below events.k8s.io/v1's 1 kB limit on a note, with room for
-// the sentence around what is truncated.
-const maxNote = 700
+// maxNote is events.k8s.io/v1's limit on a note (NoteLengthLimit): the API
+// server refuses a longer one, and the event would be lost. Errors and
+// reasons quoted in a note can be of any length.
+const maxNote = 1024
 
-func truncate(s string) string {
-	if len(s) <= maxNote {
-		return s
+// event records a note about the node, or a part of it, cut to maxNote.
+func (r *Recorder) event(part, typ, reason, action, format string, args ...any) {
+	note := fmt.Sprintf(format, args...)
+	if len(note) > maxNote {
+		cut := maxNote - len("…")
+		for cut > 0 && !utf8.RuneStart(note[cut]) {
+			cut--
+		}
+		note = note[:cut] + "…"
 	}
-	return s[:maxNote] + "…"
+	// The note is passed as an argument, never as a format: a % in an
+	// error must not be read as a verb.
+	r.recorder.Eventf(r.nodeRef(part), nil, typ, reason, action, "%s", note)
 }

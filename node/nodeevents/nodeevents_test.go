@@ -160,3 +160,17 @@ func TestEventWritesAreBoundedByTheRemovals(t *testing.T) {
 		t.Fatalf("%d event writes, want at most %d", w, max)
 	}
 }
+
+// A note longer than the API server takes is cut, not lost: a failure's
+// error can be of any length.
+func TestALongNoteIsCutNotLost(t *testing.T) {
+	rec, _, cs := recorder(t, "node-events-long")
+	rec.TapReclaimFailed(reclaim.Failure{Tap: tapRef(12, 1, 1), Stage: reclaim.StageLink, Error: strings.Repeat("é%d", 2000)})
+	eventually(t, "the long failure recorded", func() (bool, string) {
+		evs := nodeEvents(t, cs, "node-events-long", nodeevents.ReasonTapReclaimFailed)
+		if len(evs) != 1 {
+			return false, fmt.Sprintf("%d events", len(evs))
+		}
+		return len(evs[0].Note) <= 1024 && strings.HasSuffix(evs[0].Note, "…"), evs[0].Note
+	})
+}
