@@ -86,12 +86,68 @@ func CollectRecords(ctx context.Context, dataDir string, links Links, locks tear
 				done = append(done, *c)
 			}
 		}
+		strays, err := collectTemps(ctx, filepath.Join(dataDir, n.Name()), locks, lockTimeout, minTempAge)
+		if len(strays) > 0 {
+			log.Info("removed temp files of record writers killed before their rename", "network", n.Name(), "files", strays)
+		}
+		if err != nil {
+			errs = append(errs, err)
+		}
 		// An empty folder is a gone network's last trace; rmdir leaves
 		// one that holds anything, and an ADD racing it makes the folder
 		// again (writeRecord).
 		_ = os.Remove(filepath.Join(dataDir, n.Name()))
 	}
 	return done, errors.Join(errs...)
+}
+
+// minTempAge is how old a temp file must be before the collection takes it
+// for a dead writer's. Under the tap's VPC lock any temp file is one
+// (removeTemps), but the daemon's lock folder is its own flag while the
+// plugin's comes from its network's config: if they differ, the daemon's
+// lock excludes no ADD. A live writer's temp file lives for milliseconds,
+// so one older than this is a dead writer's whichever lock was held.
+const minTempAge = time.Minute
+
+// collectTemps removes the temp files in dir, at least minAge old, of
+// writers killed before their rename, each under its tap's VPC lock, as
+// collectOne takes it.
+func collectTemps(ctx context.Context, dir string, locks teardown.Locker, lockTimeout, minAge time.Duration) ([]string, error) {
+	byTap, err := tempsIn(dir)
+	if err != nil {
+		return nil, fmt.Errorf("collect temp files: %w", err)
+	}
+	var removed []string
+	var errs []error
+	for tap, paths := range byTap {
+		id, err := identity.ParseTapName(tap)
+		if err != nil {
+			continue // no writer of this plugin made it: left for an operator
+		}
+		r, err := collectTempsOf(ctx, id.VPC, paths, locks, lockTimeout, minAge)
+		removed = append(removed, r...)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("collect temp files of tap %s: %w", tap, err))
+		}
+	}
+	return removed, errors.Join(errs...)
+}
+
+func collectTempsOf(ctx context.Context, vpc identity.VPC, paths []string, locks teardown.Locker, lockTimeout, minAge time.Duration) ([]string, error) {
+	lctx, cancel := context.WithTimeout(ctx, lockTimeout)
+	defer cancel()
+	unlock, err := locks.Lock(lctx, vpc)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	var dead []string
+	for _, p := range paths {
+		if fi, err := os.Lstat(p); err == nil && time.Since(fi.ModTime()) >= minAge {
+			dead = append(dead, p)
+		}
+	}
+	return removeTemps(dead)
 }
 
 func collectOne(ctx context.Context, dataDir, network string, r record, links Links, locks teardown.Locker, lockTimeout time.Duration) (*Collected, error) {
