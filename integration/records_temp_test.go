@@ -1,12 +1,15 @@
 package integration
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/datum-cloud/galactic-node/internal/nettest"
 )
 
 // strayTemp puts a file where writeRecord's os.CreateTemp puts a record
@@ -28,6 +31,30 @@ func strayTemp(t *testing.T, dir, tap string) string {
 	return p
 }
 
+// assertRecordNamesHostNS checks that ADD's record names the namespace the
+// tap was made in, as readlink of /proc/self/ns/net there names it: the
+// daemon's collection judges the record only from that namespace.
+func assertRecordNamesHostNS(t *testing.T, h *cniHost, path string) {
+	t.Helper()
+	fi, err := h.host.File.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r struct {
+		HostNetNS string `json:"hostNetns"`
+	}
+	if err := json.Unmarshal(b, &r); err != nil {
+		t.Fatal(err)
+	}
+	if want := fmt.Sprintf("net:[%d]", nettest.Inode(fi)); r.HostNetNS != want {
+		t.Fatalf("ADD's record names namespace %q, want %q: %s", r.HostNetNS, want, b)
+	}
+}
+
 func mustBeGone(t *testing.T, what, path string) {
 	t.Helper()
 	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
@@ -45,6 +72,7 @@ func TestTempFilesOfKilledWritersGoWithTheNextAddDelAndGC(t *testing.T) {
 	tmp := strayTemp(t, dir, tapName("1"))
 	h.mustCNI("ADD", ctrA, h.conf("1", nil))
 	mustBeGone(t, "ADD", tmp)
+	assertRecordNamesHostNS(t, h, filepath.Join(dir, tapName("1")))
 
 	tmp = strayTemp(t, dir, tapName("1"))
 	h.mustCNI("DEL", ctrA, h.conf("1", nil))

@@ -576,9 +576,9 @@ func moveToCurrentProgram(ctx context.Context, registry *attachreg.Registry, log
 // (cnitap.CollectRecords).
 func collectRecords(ctx context.Context, dataDir string, links cnitap.Links, locks teardown.Locker, log *slog.Logger) {
 	log = log.With("component", "cni-records")
-	done, err := cnitap.CollectRecords(ctx, dataDir, links, locks, 10*time.Second, log)
+	res, err := cnitap.CollectRecords(ctx, dataDir, links, locks, 10*time.Second, log)
 	if err != nil && ctx.Err() == nil {
-		log.Warn("collecting CNI records: some were left for the next round", "folder", dataDir, "collected", len(done), "error", err)
+		log.Warn("collecting CNI records: some were left for the next round", "folder", dataDir, "collected", len(res.Collected), "error", err)
 	}
 }
 

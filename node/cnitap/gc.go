@@ -158,7 +158,7 @@ func (p *Plugin) adopt(ctx context.Context, inv *invocation, e *env, t link.Tap,
 	if recs, err := recordsOfTap(inv.conf.DataDir, t.Name); err != nil || len(recs) > 0 {
 		return err
 	}
-	r := record{Tap: t.Name, ContainerID: t.Owner(), IfName: ifName}
+	r := record{Tap: t.Name, ContainerID: t.Owner(), IfName: ifName, HostNetNS: p.hostNetNS(e)}
 	if err := writeRecord(inv.conf.DataDir, inv.conf.Name, r); err != nil {
 		return fmt.Errorf("adopt tap %s made before records: %w", t.Name, err)
 	}

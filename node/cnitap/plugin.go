@@ -209,7 +209,8 @@ func (p *Plugin) add(inv *invocation, e *env) error {
 		return err
 	}
 	p.removeDeadTemps(inv.conf.DataDir, res.Tap.Name)
-	if err := writeRecord(inv.conf.DataDir, inv.conf.Name, record{Tap: res.Tap.Name, ContainerID: inv.containerID, IfName: inv.ifName, NetNS: inv.netns}); err != nil {
+	rec := record{Tap: res.Tap.Name, ContainerID: inv.containerID, IfName: inv.ifName, NetNS: inv.netns, HostNetNS: p.hostNetNS(e)}
+	if err := writeRecord(inv.conf.DataDir, inv.conf.Name, rec); err != nil {
 		// Without its record no GC would ever find the tap: undo.
 		if !res.Adopted {
 			err = errors.Join(err, p.undo(ctx, e, inv, res.Tap.Index))
@@ -412,6 +413,18 @@ func (p *Plugin) clearGone(ctx context.Context, e *env, inv *invocation) error {
 		return types.NewError(types.ErrInternal, "DEL could not clear the rows of a gone tap", err.Error())
 	}
 	return nil
+}
+
+// hostNetNS names the namespace this command's taps are in, for a record
+// (record.HostNetNS). Without it the record is one as records were before
+// they named it, which the daemon's collection judges by its VRF instead:
+// no reason to fail the command.
+func (p *Plugin) hostNetNS(e *env) string {
+	ns, err := e.conn.NetNS()
+	if err != nil {
+		p.Log.Warn("the record will not name the tap's network namespace", "error", err)
+	}
+	return ns
 }
 
 // removeDeadTemps removes the temp files writeRecord left of tap when its

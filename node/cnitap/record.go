@@ -25,6 +25,14 @@ type record struct {
 	// the runtime has not torn the sandbox down, so its attachment is live.
 	// Records written before it was kept have none.
 	NetNS string `json:"netns,omitempty"`
+	// HostNetNS names the network namespace the tap was made in, as
+	// readlink of /proc/self/ns/net names it ("net:[4026531840]"): the
+	// only namespace whose link dump can tell that the tap is gone. The
+	// initial namespace has the same inode on every boot
+	// (PROC_NET_INIT_INO), so the name still holds for records that, in
+	// /var/lib, outlive a reboot. Records written before it was kept, or
+	// by a plugin that could not tell its namespace, have none.
+	HostNetNS string `json:"hostNetns,omitempty"`
 }
 
 // networkRecord is a record with the network whose folder holds it.
