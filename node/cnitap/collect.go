@@ -56,11 +56,10 @@ type Collection struct {
 // daemon started in another namespace (a lab, a test, a demo) over the
 // host's folder would otherwise take every live tap for gone; what it
 // leaves is counted in the Collection and logged once. One link dump finds
-// the records that look stale, so a round
-// over live records takes no lock; each of those is judged again under its
-// VPC's lock, which ADD holds
-// from creating the tap to writing the record, so a record found stale
-// there cannot be one an ADD is about to make true. A record that does not
+// the records that look stale, so a round over live records takes no lock;
+// each of those is judged again under its VPC's lock, which ADD holds from
+// creating the tap to writing the record, so a record found stale there
+// cannot be one an ADD is about to make true. A record that does not
 // parse or does not name a tap is left for its network's GC and DEL, which
 // move it aside. Temp files of writers killed before their rename go too
 // (collectTemps), and then a folder left empty. A missing dataDir is no
