@@ -773,11 +773,11 @@ type recordCollector struct {
 }
 
 func (c *recordCollector) collect(ctx context.Context) {
-	done, err := cnitap.CollectRecords(ctx, c.dataDir, c.links, c.locks, 10*time.Second, c.log)
+	res, err := cnitap.CollectRecords(ctx, c.dataDir, c.links, c.locks, 10*time.Second, c.log)
 	if err != nil && ctx.Err() == nil {
-		c.log.Warn("collecting CNI records: some were left for the next round", "folder", c.dataDir, "collected", len(done), "error", err)
+		c.log.Warn("collecting CNI records: some were left for the next round", "folder", c.dataDir, "collected", len(res.Collected), "error", err)
 	}
-	st := nodeview.RecordsStatus{Folder: c.dataDir, At: time.Now(), Collected: len(done)}
+	st := nodeview.RecordsStatus{Folder: c.dataDir, At: time.Now(), Collected: len(res.Collected), Kept: res.Unjudged, KeptWhy: res.UnjudgedWhy}
 	if err != nil {
 		st.Error = err.Error()
 	}

@@ -43,6 +43,17 @@ func (p *Plugin) gc(inv *invocation, e *env) error {
 	if err != nil {
 		return err
 	}
+	if dir, err := networkDir(inv.conf.DataDir, inv.conf.Name); err == nil {
+		// Under each tap's VPC lock any temp file is a dead writer's
+		// (removeTemps): no age is waited for.
+		removed, err := collectTemps(ctx, dir, e.locks, lockTimeout, 0)
+		if len(removed) > 0 {
+			p.Log.Info("GC removed temp files of record writers killed before their rename", "network", inv.conf.Name, "files", removed)
+		}
+		if err != nil {
+			p.Log.Warn("GC left temp files of killed record writers", "network", inv.conf.Name, "error", err)
+		}
+	}
 	var targets []teardown.TapRef
 	var opts teardown.Options
 	if inv.hasIdentity {
@@ -121,17 +132,38 @@ func (p *Plugin) unrecordedTap(ctx context.Context, inv *invocation, e *env, ifN
 		p.Log.Info("GC found a tap made before records whose container this network no longer lists", "network", inv.conf.Name, "tap", name, "stamp", t.Owner())
 		return t, true, nil
 	case 1:
-		r := record{Tap: name, ContainerID: t.Owner(), IfName: names[0]}
-		if err := writeRecord(inv.conf.DataDir, inv.conf.Name, r); err != nil {
-			return link.Tap{}, false, fmt.Errorf("adopt tap %s made before records: %w", name, err)
+		if err := p.adopt(ctx, inv, e, t, names[0]); err != nil {
+			return link.Tap{}, false, err
 		}
-		p.Log.Info("GC recorded a tap made before records", "network", inv.conf.Name, "tap", name, "container", t.Owner(), "ifName", names[0])
 	default:
 		// Which of its interfaces the tap is cannot be told: it stays
 		// unrecorded, and is kept.
 		p.Log.Warn("GC keeps a tap made before records: its container has several interfaces on this network", "network", inv.conf.Name, "tap", name, "stamp", t.Owner())
 	}
 	return link.Tap{}, false, nil
+}
+
+// adopt records t, made before records, for this network's ifName. It
+// writes under t's VPC lock, as ADD does: a writer's temp file seen under
+// the lock is then always a dead writer's (removeTemps), and an ADD that
+// recorded t since GC looked is not overwritten.
+func (p *Plugin) adopt(ctx context.Context, inv *invocation, e *env, t link.Tap, ifName string) error {
+	lctx, cancel := context.WithTimeout(ctx, lockTimeout)
+	defer cancel()
+	unlock, err := e.locks.Lock(lctx, inv.identity.VPC)
+	if err != nil {
+		return fmt.Errorf("adopt tap %s made before records: %w", t.Name, err)
+	}
+	defer unlock()
+	if recs, err := recordsOfTap(inv.conf.DataDir, t.Name); err != nil || len(recs) > 0 {
+		return err
+	}
+	r := record{Tap: t.Name, ContainerID: t.Owner(), IfName: ifName, HostNetNS: p.hostNetNS(e)}
+	if err := writeRecord(inv.conf.DataDir, inv.conf.Name, r); err != nil {
+		return fmt.Errorf("adopt tap %s made before records: %w", t.Name, err)
+	}
+	p.Log.Info("GC recorded a tap made before records", "network", inv.conf.Name, "tap", t.Name, "container", t.Owner(), "ifName", ifName)
+	return nil
 }
 
 // stillUnrecorded keeps an unrecorded tap that an ADD has recorded since

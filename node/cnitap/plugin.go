@@ -15,6 +15,7 @@ import (
 
 	"github.com/datum-cloud/galactic-node/ebpf/datapath"
 	"github.com/datum-cloud/galactic-node/node/attachreg"
+	"github.com/datum-cloud/galactic-node/node/identity"
 	"github.com/datum-cloud/galactic-node/node/link"
 	"github.com/datum-cloud/galactic-node/node/tap"
 	"github.com/datum-cloud/galactic-node/node/teardown"
@@ -207,7 +208,9 @@ func (p *Plugin) add(inv *invocation, e *env) error {
 		}
 		return err
 	}
-	if err := writeRecord(inv.conf.DataDir, inv.conf.Name, record{Tap: res.Tap.Name, ContainerID: inv.containerID, IfName: inv.ifName, NetNS: inv.netns}); err != nil {
+	p.removeDeadTemps(inv.conf.DataDir, res.Tap.Name)
+	rec := record{Tap: res.Tap.Name, ContainerID: inv.containerID, IfName: inv.ifName, NetNS: inv.netns, HostNetNS: p.hostNetNS(e)}
+	if err := writeRecord(inv.conf.DataDir, inv.conf.Name, rec); err != nil {
 		// Without its record no GC would ever find the tap: undo.
 		if !res.Adopted {
 			err = errors.Join(err, p.undo(ctx, e, inv, res.Tap.Index))
@@ -309,6 +312,13 @@ func (p *Plugin) delUnpinned(inv *invocation, notPinned error) error {
 
 func (p *Plugin) del(inv *invocation, e *env) error {
 	ctx := context.Background()
+	if inv.hasIdentity {
+		// A DEL without an identity names no tap to lock; GC and the
+		// daemon's collection remove that attachment's temp files.
+		if err := p.removeDeadTempsLocked(ctx, e, inv.conf.DataDir, inv.identity); err != nil {
+			p.Log.Warn("DEL left temp files of killed record writers", "tap", inv.identity.TapName(), "error", err)
+		}
+	}
 	own, err := p.ownTaps(ctx, e, inv)
 	if err != nil {
 		return err
@@ -402,6 +412,50 @@ func (p *Plugin) clearGone(ctx context.Context, e *env, inv *invocation) error {
 	if err := errors.Join(failed...); err != nil {
 		return types.NewError(types.ErrInternal, "DEL could not clear the rows of a gone tap", err.Error())
 	}
+	return nil
+}
+
+// hostNetNS names the namespace this command's taps are in, for a record
+// (record.HostNetNS). Without it the record is one as records were before
+// they named it, which the daemon's collection judges by its VRF instead:
+// no reason to fail the command.
+func (p *Plugin) hostNetNS(e *env) string {
+	ns, err := e.conn.NetNS()
+	if err != nil {
+		p.Log.Warn("the record will not name the tap's network namespace", "error", err)
+	}
+	return ns
+}
+
+// removeDeadTemps removes the temp files writeRecord left of tap when its
+// process was killed before the rename, in every network's folder. The
+// caller holds tap's VPC lock, so each is a dead writer's (removeTemps). A
+// failure costs only a file the daemon's collection retries: logged.
+func (p *Plugin) removeDeadTemps(dataDir, tap string) {
+	paths, err := tempsOfTap(dataDir, tap)
+	var removed []string
+	if err == nil {
+		removed, err = removeTemps(paths)
+	}
+	if len(removed) > 0 {
+		p.Log.Info("removed temp files of record writers killed before their rename", "tap", tap, "files", removed)
+	}
+	if err != nil {
+		p.Log.Warn("left temp files of killed record writers", "tap", tap, "error", err)
+	}
+}
+
+// removeDeadTempsLocked is removeDeadTemps under id's VPC lock, for a
+// command that does not hold it otherwise.
+func (p *Plugin) removeDeadTempsLocked(ctx context.Context, e *env, dataDir string, id identity.Identity) error {
+	lctx, cancel := context.WithTimeout(ctx, lockTimeout)
+	defer cancel()
+	unlock, err := e.locks.Lock(lctx, id.VPC)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	p.removeDeadTemps(dataDir, id.TapName())
 	return nil
 }
 

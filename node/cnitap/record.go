@@ -25,6 +25,14 @@ type record struct {
 	// the runtime has not torn the sandbox down, so its attachment is live.
 	// Records written before it was kept have none.
 	NetNS string `json:"netns,omitempty"`
+	// HostNetNS names the network namespace the tap was made in, as
+	// readlink of /proc/self/ns/net names it ("net:[4026531840]"): the
+	// only namespace whose link dump can tell that the tap is gone. The
+	// initial namespace has the same inode on every boot
+	// (PROC_NET_INIT_INO), so the name still holds for records that, in
+	// /var/lib, outlive a reboot. Records written before it was kept, or
+	// by a plugin that could not tell its namespace, have none.
+	HostNetNS string `json:"hostNetns,omitempty"`
 }
 
 // networkRecord is a record with the network whose folder holds it.
@@ -72,6 +80,11 @@ func networkDir(dataDir, network string) (string, error) {
 	return filepath.Join(dataDir, network), nil
 }
 
+// testHookAfterCreateTemp is nil but in this package's tests, which set it
+// (export_test.go) in a child process to SIGKILL it between CreateTemp and
+// Rename: the state a plugin killed there leaves.
+var testHookAfterCreateTemp func()
+
 // writeRecord writes r atomically and durably: a reader sees the old record
 // or the new, also after a crash, since the file is synced before the
 // rename and the folder after it.
@@ -87,16 +100,19 @@ func writeRecord(dataDir, network string, r record) error {
 	if err != nil {
 		return fmt.Errorf("record tap %s: %w", r.Tap, err)
 	}
-	tmp, err := os.CreateTemp(dir, ".tmp-"+r.Tap+"-*")
+	tmp, err := os.CreateTemp(dir, tempPrefix+r.Tap+"-*")
 	if errors.Is(err, os.ErrNotExist) {
 		// The daemon's record collection removed the folder, empty,
 		// between the two calls.
 		if err = os.MkdirAll(dir, 0o700); err == nil {
-			tmp, err = os.CreateTemp(dir, ".tmp-"+r.Tap+"-*")
+			tmp, err = os.CreateTemp(dir, tempPrefix+r.Tap+"-*")
 		}
 	}
 	if err != nil {
 		return fmt.Errorf("record tap %s: %w", r.Tap, err)
+	}
+	if testHookAfterCreateTemp != nil {
+		testHookAfterCreateTemp()
 	}
 	defer os.Remove(tmp.Name())
 	if _, err := tmp.Write(b); err != nil {
@@ -117,6 +133,80 @@ func writeRecord(dataDir, network string, r record) error {
 		return fmt.Errorf("record tap %s: %w", r.Tap, err)
 	}
 	return nil
+}
+
+// tempPrefix starts the name writeRecord writes a record under before it
+// renames it into place: ".tmp-<tap>-<random>".
+const tempPrefix = ".tmp-"
+
+// tempTap returns the tap a temp file of writeRecord was written for.
+func tempTap(name string) (string, bool) {
+	rest, ok := strings.CutPrefix(name, tempPrefix)
+	if !ok {
+		return "", false
+	}
+	i := strings.LastIndexByte(rest, '-')
+	if i <= 0 {
+		return "", false
+	}
+	return rest[:i], true
+}
+
+// tempsOfTap returns writeRecord's temp files of tap in every network's
+// folder.
+func tempsOfTap(dataDir, tap string) ([]string, error) {
+	paths, err := filepath.Glob(filepath.Join(dataDir, "*", tempPrefix+tap+"-*"))
+	if err != nil {
+		return nil, fmt.Errorf("find temp files of tap %s: %w", tap, err)
+	}
+	return paths, nil
+}
+
+// tempsIn returns writeRecord's temp files in dir by the tap they were
+// written for. Records moved aside (asidePrefix) are not among them.
+func tempsIn(dir string) (map[string][]string, error) {
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("find temp files in %s: %w", dir, err)
+	}
+	byTap := map[string][]string{}
+	for _, e := range entries {
+		if tap, ok := tempTap(e.Name()); ok && e.Type().IsRegular() {
+			byTap[tap] = append(byTap[tap], filepath.Join(dir, e.Name()))
+		}
+	}
+	return byTap, nil
+}
+
+// removeTemps removes temp files of writeRecord whose writer is dead: one
+// killed between CreateTemp and Rename (SIGKILL, OOM, a runtime's timeout)
+// leaves its temp file, which every reader skips, forever, and keeps its
+// network's folder from ever being removed. The caller holds the VPC lock
+// of the files' tap. Every writer of a tap's record holds that lock from
+// CreateTemp to Rename (ADD, and GC adopting a tap), and removes its own
+// temp file before it lets go, so any temp file of the tap seen under the
+// lock is a dead writer's, however young. It returns the files removed.
+func removeTemps(paths []string) ([]string, error) {
+	var removed []string
+	var errs []error
+	dirs := map[string]bool{}
+	for _, p := range paths {
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("remove temp file %s: %w", p, err))
+			continue
+		}
+		removed = append(removed, p)
+		dirs[filepath.Dir(p)] = true
+	}
+	for d := range dirs {
+		if err := syncDir(d); err != nil {
+			errs = append(errs, fmt.Errorf("remove temp files in %s: %w", d, err))
+		}
+	}
+	return removed, errors.Join(errs...)
 }
 
 // syncDir makes a rename in dir durable.

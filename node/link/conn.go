@@ -103,6 +103,33 @@ func (c *Conn) Close() error {
 	return err
 }
 
+// NetNS names the network namespace the connection reads and changes links
+// in, as readlink(2) of /proc/self/ns/net names one: "net:[4026531840]". It
+// asks the socket itself (SIOCGSKNS, Linux 4.9), so the answer is the
+// namespace the links come from, whichever thread dialled or asks.
+func (c *Conn) NetNS() (string, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	rc, err := c.nl.SyscallConn()
+	if err != nil {
+		return "", fmt.Errorf("network namespace of the rtnetlink socket: %w", err)
+	}
+	var nsfd int
+	var ioctlErr error
+	if err := rc.Control(func(fd uintptr) { nsfd, ioctlErr = unix.IoctlRetInt(int(fd), unix.SIOCGSKNS) }); err != nil {
+		return "", fmt.Errorf("network namespace of the rtnetlink socket: %w", err)
+	}
+	if ioctlErr != nil {
+		return "", fmt.Errorf("network namespace of the rtnetlink socket: SIOCGSKNS: %w", ioctlErr)
+	}
+	defer unix.Close(nsfd)
+	var st unix.Stat_t
+	if err := unix.Fstat(nsfd, &st); err != nil {
+		return "", fmt.Errorf("network namespace of the rtnetlink socket: %w", err)
+	}
+	return fmt.Sprintf("net:[%d]", st.Ino), nil
+}
+
 // SetDumpAttempts changes how many times an interrupted dump is tried before
 // ErrDumpInterrupted; n < 1 means 1.
 func (c *Conn) SetDumpAttempts(n int) {
