@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/datum-cloud/galactic-node/ebpf/datapath"
+	"github.com/datum-cloud/galactic-node/internal/nettest"
 	"github.com/datum-cloud/galactic-node/node/routewatch"
 	"github.com/datum-cloud/galactic-node/node/tun"
 )
@@ -294,4 +295,60 @@ func TestRestartTheHostViewLapsesAndIsPublishedAgain(t *testing.T) {
 	d = n.run(t, "--inventory-file", n.writeInventory(liveAttachment))
 	n.ready(t, d)
 	eventually(t, "the restarted daemon publishes the view", func() (bool, string) { l := left(); return l > 0, l.String() })
+}
+
+// A daemon started in a network namespace of its own, beside the CNI
+// records of live taps in another (a lab, a second daemon, `make demo` at
+// the default --cni-data-dir), sees none of their taps: it must remove none
+// of their records, and say why in /v1/status. Records of this build name
+// their namespace; an older record without it is judged only where its VRF
+// is seen.
+func TestADaemonInAnotherNamespaceRemovesNoRecord(t *testing.T) {
+	host := newNode(t) // where the taps live
+	host.tapAdd("1", "sandbox-1")
+	host.tapAdd("2", "sandbox-2")
+	hostNS := strings.TrimSpace(nettest.Run(t, "ip", "netns", "exec", host.ns.Name, "readlink", "/proc/self/ns/net"))
+	data := filepath.Join(host.dir, "cni")
+	dir := filepath.Join(data, "galactic")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	records := map[string]string{
+		"G00000000a001H": fmt.Sprintf(`{"tap":"G00000000a001H","containerID":"sandbox-1","ifName":"net1","hostNetns":%q}`, hostNS),
+		"G00000000a002H": `{"tap":"G00000000a002H","containerID":"sandbox-2","ifName":"net1"}`, // an older plugin's
+	}
+	for name, rec := range records {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(rec), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	elsewhere := newNode(t)
+	d := elsewhere.run(t, "--inventory-file", elsewhere.writeInventory(liveAttachment), "--cni-data-dir", data)
+	elsewhere.ready(t, d)
+	var st struct {
+		Records struct {
+			Collected int    `json:"collected"`
+			Kept      int    `json:"kept"`
+			KeptWhy   string `json:"keptWhy"`
+		} `json:"records"`
+	}
+	eventually(t, "the collection at start reported", func() (bool, string) {
+		_, body := elsewhere.call("GET", "/v1/status", readToken)
+		if err := json.Unmarshal(body, &st); err != nil {
+			return false, string(body)
+		}
+		return st.Records.Kept == 2, string(body)
+	})
+	if st.Records.Collected != 0 || !strings.Contains(st.Records.KeptWhy, hostNS) {
+		t.Fatalf("records status %+v, want none collected and the records' namespace named", st.Records)
+	}
+	for range 2 {
+		elsewhere.force("") // each pass is followed by a collection
+	}
+	for name := range records {
+		if _, err := os.Stat(filepath.Join(dir, name)); err != nil {
+			t.Fatalf("the record of live tap %s: %v\n%s", name, err, d.log)
+		}
+	}
 }
