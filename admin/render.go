@@ -168,6 +168,19 @@ func WriteStatus(w io.Writer, st Status, now time.Time) {
 	default:
 		line("mass-removal brake", "not engaged")
 	}
+	if b := st.Brake; b.MemoryError != "" {
+		line("brake memory", "NOT SAVED: a restart now would forget the brake's last change: "+escapeText(b.MemoryError))
+	}
+	if r := st.Records; r != nil {
+		recs := fmt.Sprintf("%d collected in the last round", r.Collected)
+		if r.Kept > 0 {
+			recs += fmt.Sprintf("; %d left unjudged: %s", r.Kept, escapeText(r.KeptWhy))
+		}
+		if r.Error != "" {
+			recs += "; error: " + escapeText(r.Error)
+		}
+		line("cni records", recs)
+	}
 	if p := st.LastPass; p != nil {
 		last := fmt.Sprintf("%s %s ago (took %s): %d reclaimed, %d failed", p.Result, now.Sub(p.Finished).Round(time.Second),
 			p.Finished.Sub(p.Started).Round(time.Millisecond), p.Reclaimed, p.Failed)
