@@ -116,7 +116,7 @@ func (c *Conn) NetNS() (string, error) {
 	}
 	var nsfd int
 	var ioctlErr error
-	if err := rc.Control(func(fd uintptr) { nsfd, ioctlErr = unix.IoctlRetInt(int(fd), unix.SIOCGSKNS) }); err != nil {
+	if err := rc.Control(func(fd uintptr) { nsfd, ioctlErr = socketNetNS(fd) }); err != nil {
 		return "", fmt.Errorf("network namespace of the rtnetlink socket: %w", err)
 	}
 	if ioctlErr != nil {
