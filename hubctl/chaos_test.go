@@ -153,6 +153,14 @@ func hubChaos(seed uint64, ops int, direct, ipam bool, breakIt func(*Controller)
 			}
 			svc.deleteNetwork(k.Namespace, k.Name)
 			delete(cache, k)
+			// The step is a delete racing a re-create: a refusal an earlier
+			// step injected and no delete has taken yet would stop this
+			// one before it deleted anything, and the step would test
+			// nothing (seed 1796585737598959262 drew the step 76 times and
+			// reached a delete in none).
+			svc.mu.Lock()
+			svc.deleteClaimErr = nil
+			svc.mu.Unlock()
 			svc.beforeDelete = func(s *addressService) {
 				// Another writer: the network back, its claim made anew
 				// (re-bound) and its identity written from it.
