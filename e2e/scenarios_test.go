@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -527,12 +528,49 @@ const (
 func (n *node) scenarioTheDaemonReclaimsATapWhoseDELNeverRan(t *testing.T) {
 	n.enableReclaim(t)
 	n.attachment(t, "att-4", "a", "4")
-	n.attachment(t, "att-5", "a", "5")
 	n.galacticPod(t, "vm-live", cniArgs("a", "4"))
-	lost := n.galacticPod(t, "vm-lost", cniArgs("a", "5"))
-	live, lostTap := n.tapOf(t, "a", "4"), n.tapOf(t, "a", "5")
+	live := n.tapOf(t, "a", "4")
 	liveRows := n.rows(t, live.Ifindex)
-	if n.rows(t, lostTap.Ifindex) == "" || liveRows == "" {
+	if liveRows == "" {
+		t.Fatal("a new tap has no rows")
+	}
+	// GALACTICTEST_E2E_RECLAIM_RUNS repeats the lost sandbox on fresh
+	// identities (a/5, then a/20, a/21, …), beside the same live pod: the
+	// way to hold the scenario many times in a row on one node.
+	runs := 1
+	if v, err := strconv.Atoi(os.Getenv("GALACTICTEST_E2E_RECLAIM_RUNS")); err == nil && v > 1 {
+		runs = v
+	}
+	for run := range runs {
+		attachment := "5"
+		if run > 0 {
+			attachment = strconv.Itoa(19 + run)
+		}
+		n.reclaimALostSandbox(t, attachment, live, liveRows)
+		if runs > 1 {
+			t.Logf("run %d of %d held", run+1, runs)
+		}
+	}
+	passes, _ := n.galacticNode("passes")
+	t.Logf("passes:\n%s", passes)
+}
+
+// reclaimALostSandbox starts a pod on identity a/attachment, loses its
+// sandbox as a runtime that never ran DEL does, and checks that the daemon
+// keeps its tap while the VPCAttachment lives and reclaims it (its report
+// and its Event) once it is gone, leaving the live tap and its rows as
+// they were.
+func (n *node) reclaimALostSandbox(t *testing.T, attachment string, live tapView, liveRows string) {
+	t.Helper()
+	att := "att-" + attachment
+	n.attachment(t, att, "a", attachment)
+	pod := "vm-lost"
+	if attachment != "5" {
+		pod += "-" + attachment
+	}
+	lost := n.galacticPod(t, pod, cniArgs("a", attachment))
+	lostTap := n.tapOf(t, "a", attachment)
+	if n.rows(t, lostTap.Ifindex) == "" {
 		t.Fatal("a new tap has no rows")
 	}
 
@@ -545,7 +583,7 @@ func (n *node) scenarioTheDaemonReclaimsATapWhoseDELNeverRan(t *testing.T) {
 		t.Fatalf("the lost sandbox's tap went while its VPCAttachment lived: %v", err)
 	}
 	gone := time.Now()
-	n.deleteAttachment(t, "att-5")
+	n.deleteAttachment(t, att)
 	// Within the minimum age plus two passes, with room for a pass that
 	// was running, the DaemonSet's informers and a loaded machine.
 	n.waitNoTap(t, lostTap, minCandidateAge+2*passInterval+2*time.Minute)
@@ -560,7 +598,7 @@ func (n *node) scenarioTheDaemonReclaimsATapWhoseDELNeverRan(t *testing.T) {
 	if !waitUntil(time.Minute, func() bool {
 		out, err := n.kubectlErr("get", "events", "-n", "default", "--field-selector", "reason=TapReclaimed",
 			"-o", "jsonpath={range .items[*]}{.message}{\"\\n\"}{end}")
-		return err == nil && strings.Contains(out, lostTap.Name) && strings.Contains(out, "a/5")
+		return err == nil && strings.Contains(out, lostTap.Name) && strings.Contains(out, "a/"+attachment)
 	}) {
 		out, _ := n.kubectlErr("get", "events", "-A", "-o", "wide")
 		t.Fatalf("no TapReclaimed event names %s:\n%s", lostTap.Name, out)
@@ -581,8 +619,6 @@ func (n *node) scenarioTheDaemonReclaimsATapWhoseDELNeverRan(t *testing.T) {
 			t.Fatalf("the plugin acted on the lost sandbox after its ADD: %q", msg)
 		}
 	}
-	passes, _ := n.galacticNode("passes")
-	t.Logf("passes:\n%s", passes)
 }
 
 // passReport is what `galactic-node passes -o json` says of a pass.

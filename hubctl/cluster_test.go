@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"path"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -174,8 +175,10 @@ type hub struct {
 	// against the ipam-shaped service point it at that service.
 	ctlCfg *rest.Config
 	// requests counts the HTTP requests the controllers make through
-	// ctlCfg (watches once, when they start), when atHubRate set it.
-	requests atomic.Int64
+	// ctlCfg (watches once, when they start), when atHubRate set it;
+	// eventWrites, apart, the Events they write (one per release, in the
+	// background).
+	requests, eventWrites atomic.Int64
 }
 
 // atHubRate makes the controllers started after it use clients limited to
@@ -188,7 +191,7 @@ func (h *hub) atHubRate(t testing.TB) {
 		base = h.ctlCfg
 	}
 	cfg := hubRate(base)
-	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper { return countedTrips{rt, &h.requests} }
+	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper { return countedTrips{rt, &h.requests, &h.eventWrites} }
 	h.ctlCfg = cfg
 }
 
@@ -199,15 +202,34 @@ func hubRate(cfg *rest.Config) *rest.Config {
 	return cfg
 }
 
-// countedTrips counts the round trips through it.
+// countedTrips counts the round trips through it: writes of Events in
+// events, every other request in n.
 type countedTrips struct {
-	rt http.RoundTripper
-	n  *atomic.Int64
+	rt     http.RoundTripper
+	n      *atomic.Int64
+	events *atomic.Int64
 }
 
 func (c countedTrips) RoundTrip(r *http.Request) (*http.Response, error) {
-	c.n.Add(1)
+	if c.events != nil && isEventWrite(r) {
+		c.events.Add(1)
+	} else {
+		c.n.Add(1)
+	}
 	return c.rt.RoundTrip(r)
+}
+
+// isEventWrite: a create (POST …/events) or a series patch (PATCH
+// …/events/<name>) of an Event, in either API group.
+func isEventWrite(r *http.Request) bool {
+	dir, last := path.Split(r.URL.Path)
+	switch r.Method {
+	case http.MethodPost:
+		return last == "events"
+	case http.MethodPatch, http.MethodPut:
+		return path.Base(dir) == "events"
+	}
+	return false
 }
 
 // clients are a controller's: one REST client (its requests share one
@@ -687,7 +709,7 @@ func benchRelease(b *testing.B, workers, ipam, placed bool) {
 	claims := h.dyn.Resource(hubctl.ClaimResource).Namespace(h.ns)
 	released := func() float64 { return testutil.ToFloat64(hubctl.Releases(in.metrics, hubctl.ReleaseReleased)) }
 	var ours, bare time.Duration
-	var requests int64
+	var requests, eventWrites int64
 	for i := 0; i < b.N; i++ {
 		b.StopTimer()
 		names := h.seedGoneClaims(b, n, 2*i)
@@ -711,7 +733,7 @@ func benchRelease(b *testing.B, workers, ipam, placed bool) {
 			return true
 		})
 		time.Sleep(2 * time.Second) // the rate limiter's burst back, as the bare client's is
-		before, was := h.requests.Load(), released()
+		before, was, eventsBefore := h.requests.Load(), released(), h.eventWrites.Load()
 		start := time.Now()
 		b.StartTimer()
 		if workers {
@@ -728,6 +750,10 @@ func benchRelease(b *testing.B, workers, ipam, placed bool) {
 		b.StopTimer()
 		ours += time.Since(start)
 		requests += h.requests.Load() - before
+		// Events are written in the background, after their release.
+		waitForLong(b, "an Event per release", time.Minute, func() bool { return h.eventWrites.Load()-eventsBefore >= int64(n) })
+		time.Sleep(time.Second)
+		eventWrites += h.eventWrites.Load() - eventsBefore
 		if left, _ := claims.List(context.Background(), metav1.ListOptions{}); len(left.Items) != 0 {
 			b.Fatalf("%d claims left after the release", len(left.Items))
 		}
@@ -767,6 +793,7 @@ func benchRelease(b *testing.B, workers, ipam, placed bool) {
 	b.ReportMetric(per(ours)/per(bare), "x-of-bare-delete")
 	b.ReportMetric(per(ours)/n, "ns/claim")
 	b.ReportMetric(float64(requests)/float64(b.N*n), "requests/release")
+	b.ReportMetric(float64(eventWrites)/float64(b.N*n), "event-writes/release")
 }
 
 // TestReleasesCountOnlyClaimsReallyDeletedOnARealAPIServer: a network that

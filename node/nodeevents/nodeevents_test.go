@@ -36,7 +36,7 @@ func (c *eventWrites) RoundTrip(r *http.Request) (*http.Response, error) {
 	return c.rt.RoundTrip(r)
 }
 
-func recorder(t *testing.T, node string) (*nodeevents.Recorder, *eventWrites, kubernetes.Interface) {
+func recorder(t testing.TB, node string) (*nodeevents.Recorder, *eventWrites, kubernetes.Interface) {
 	t.Helper()
 	cluster := clustertest.Shared(t)
 	counter := &eventWrites{}
@@ -67,7 +67,7 @@ func tapRef(vpc, att uint64, ifindex uint32) reclaim.TapRef {
 
 // nodeEvents lists the events regarding node with reason, through the
 // events.k8s.io/v1 API.
-func nodeEvents(t *testing.T, cs kubernetes.Interface, node, reason string) []eventsv1.Event {
+func nodeEvents(t testing.TB, cs kubernetes.Interface, node, reason string) []eventsv1.Event {
 	t.Helper()
 	list, err := cs.EventsV1().Events(metav1.NamespaceDefault).List(context.Background(), metav1.ListOptions{
 		FieldSelector: "reason=" + reason + ",regarding.name=" + node + ",regarding.kind=Node"})
@@ -77,7 +77,7 @@ func nodeEvents(t *testing.T, cs kubernetes.Interface, node, reason string) []ev
 	return list.Items
 }
 
-func eventually(t *testing.T, what string, cond func() (bool, string)) {
+func eventually(t testing.TB, what string, cond func() (bool, string)) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
@@ -128,32 +128,11 @@ func TestEachActionIsAnEventRegardingTheNode(t *testing.T) {
 // whose removal fails in every pass and a brake engaged and released each
 // ten passes: one write per removal, and the repeats folded into series
 // (tools/events patches a series at most every 30 minutes, and when it
-// ends). Reported as API writes per removal.
+// ends).
 func TestEventWritesAreBoundedByTheRemovals(t *testing.T) {
-	rec, writes, cs := recorder(t, "node-events-bound")
-	const passes, perPass = 100, reclaim.DefaultMaxReclaimsPerPass
-	failing := tapRef(11, 999, 9999)
-	for p := range passes {
-		for i := range perPass {
-			rec.TapReclaimed(tapRef(11, uint64(p*perPass+i+1), uint32(p*perPass+i+1)), time.Now())
-		}
-		rec.TapReclaimFailed(reclaim.Failure{Tap: failing, Stage: reclaim.StageProbe, Error: "probe: EBUSY"})
-		if p%10 == 0 {
-			rec.BrakeEngaged(reclaim.Brake{Engaged: true, Reason: "a mass", Held: 3})
-			rec.BrakeReleased("on its own", 3)
-		}
-	}
-	removals := passes * perPass
-	eventually(t, "every removal recorded", func() (bool, string) {
-		n := len(nodeEvents(t, cs, "node-events-bound", nodeevents.ReasonTapReclaimed))
-		return n == removals, fmt.Sprintf("%d of %d", n, removals)
-	})
-	time.Sleep(time.Second) // the series' writes, if any, land
-	if n := len(nodeEvents(t, cs, "node-events-bound", nodeevents.ReasonTapReclaimFailed)); n != 1 {
-		t.Fatalf("%d TapReclaimFailed events for one tap failing 100 times, want one series", n)
-	}
-	w := writes.writes.Load()
-	t.Logf("%d event writes for %d removals, 100 failures of one tap and 10 brake cycles: %.3f writes per removal", w, removals, float64(w)/float64(removals))
+	const removals = 1000
+	w := recordRemovals(t, "node-events-bound", removals)
+	t.Logf("%d event writes for %d removals, 100 failures of one tap and 10 brake cycles: %.3f writes per removal", w, removals, float64(w)/removals)
 	// One per removal, plus, for each repeated kind (the failing tap, the
 	// engagement, the release), a create and the patch that starts its
 	// series, and a second create when that patch overtakes the first create
@@ -163,6 +142,50 @@ func TestEventWritesAreBoundedByTheRemovals(t *testing.T) {
 	if max := int64(removals + 3*3); w > max {
 		t.Fatalf("%d event writes, want at most %d", w, max)
 	}
+}
+
+// BenchmarkEventWritesPer1000Removals reports the API writes that 1,000
+// removals cost in events, in the scene of
+// TestEventWritesAreBoundedByTheRemovals, counted as the API server
+// receives them; the peer is the removals themselves (one write each).
+func BenchmarkEventWritesPer1000Removals(b *testing.B) {
+	const removals = 1000
+	var writes int64
+	n := 0
+	for b.Loop() {
+		writes += recordRemovals(b, fmt.Sprintf("node-events-bench-%d", n), removals)
+		n++
+	}
+	b.ReportMetric(float64(writes)/float64(n*removals), "api-writes/removal")
+}
+
+// recordRemovals records removals reclaims over passes of the default cap,
+// one tap failing in every pass and a brake cycle each ten passes, waits
+// until every reclaim is an Event and the failing tap is one series, and
+// returns the event writes the API server received.
+func recordRemovals(t testing.TB, node string, removals int) int64 {
+	rec, writes, cs := recorder(t, node)
+	const perPass = reclaim.DefaultMaxReclaimsPerPass
+	failing := tapRef(11, 999999, 999999)
+	for p := range removals / perPass {
+		for i := range perPass {
+			rec.TapReclaimed(tapRef(11, uint64(p*perPass+i+1), uint32(p*perPass+i+1)), time.Now())
+		}
+		rec.TapReclaimFailed(reclaim.Failure{Tap: failing, Stage: reclaim.StageProbe, Error: "probe: EBUSY"})
+		if p%10 == 0 {
+			rec.BrakeEngaged(reclaim.Brake{Engaged: true, Reason: "a mass", Held: 3})
+			rec.BrakeReleased("on its own", 3)
+		}
+	}
+	eventually(t, "every removal recorded", func() (bool, string) {
+		n := len(nodeEvents(t, cs, node, nodeevents.ReasonTapReclaimed))
+		return n == removals, fmt.Sprintf("%d of %d", n, removals)
+	})
+	time.Sleep(time.Second) // the series' writes, if any, land
+	if n := len(nodeEvents(t, cs, node, nodeevents.ReasonTapReclaimFailed)); n != 1 {
+		t.Fatalf("%d TapReclaimFailed events for one tap failing %d times, want one series", n, removals/perPass)
+	}
+	return writes.writes.Load()
 }
 
 // A note longer than the API server takes is cut, not lost: a failure's
