@@ -30,6 +30,7 @@ func (n *node) cli(args ...string) (int, string) {
 type cliReport struct {
 	Result     string `json:"result"`
 	DryRun     bool   `json:"dryRun"`
+	Preview    bool   `json:"preview"`
 	Candidates []struct {
 		Tap    struct{ Name string } `json:"tap"`
 		Passes int                   `json:"passes"`
@@ -151,7 +152,7 @@ func TestADryRunIsAPreviewThatChangesNothing(t *testing.T) {
 		t.Errorf("galactic-node pass --dry-run exits %d and does not say what a real pass would do:\n%s", code, table)
 	}
 	rep := n.cliPass("--dry-run")
-	if !rep.DryRun || len(rep.Candidates) != 2 || rep.Candidates[0].Passes != 1 || len(rep.NotDone) == 0 {
+	if !rep.DryRun || !rep.Preview || len(rep.Candidates) != 2 || rep.Candidates[0].Passes != 1 || len(rep.NotDone) == 0 {
 		t.Errorf("a second dry run must still see two taps seen once, and say what it did not do: %+v", rep)
 	}
 	if _, pending := n.cli("pending"); strings.Contains(pending, names[0]) {

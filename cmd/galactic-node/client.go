@@ -373,6 +373,7 @@ type passReport struct {
 	Result       string   `json:"result"`
 	Reason       string   `json:"reason"`
 	DryRun       bool     `json:"dryRun"`
+	Preview      bool     `json:"preview"`
 	Candidates   []any    `json:"candidates"`
 	Confirmed    []any    `json:"confirmed"`
 	Held         []tapRef `json:"held"`
@@ -427,10 +428,10 @@ func printPass(stdout, stderr io.Writer, body []byte, output string) int {
 		for _, f := range rep.Failed {
 			fmt.Fprintf(stdout, "failed %s (ifindex %d) at %s: %q\n", f.Tap.Name, f.Tap.Ifindex, f.Stage, f.Error)
 		}
-		// A dry run's brake is what a real pass would meet: it neither
+		// A preview's brake is what a real pass would meet: it neither
 		// engaged nor released the brake, and must not read as if it had.
 		released, engaged, held := "mass-removal brake released", "mass-removal brake engaged,", "held"
-		if rep.DryRun {
+		if rep.Preview {
 			released, engaged, held = "a real pass now would release the mass-removal brake", "a real pass now would meet the mass-removal brake,", "would hold"
 		}
 		if b := rep.Brake; b != nil && b.Released != "" {

@@ -186,3 +186,19 @@ func TestADryRunRecordsNoOrphanSighting(t *testing.T) {
 		t.Fatalf("the second real pass: %+v", rep)
 	}
 }
+
+// A daemon in dry-run has no real pass to protect: its passes track
+// candidates as real ones would, so that a rollout in dry-run shows what
+// the node would remove, and they are no previews.
+func TestADaemonInDryRunStillTracksCandidates(t *testing.T) {
+	h := newHarness(liveInventory(), Config{DryRun: true})
+	idx := h.links.addTap(stale, "sandbox-2", 0, 0)
+	h.pass(t)
+	rep := h.pass(t)
+	if !h.links.has(idx) || len(rep.WouldReclaim) != 1 || rep.Preview || len(rep.NotDone) != 0 {
+		t.Fatalf("the second pass of a daemon in dry-run: %+v", rep)
+	}
+	if p := h.r.Pending(); len(p) != 1 || p[0].Passes != 2 {
+		t.Fatalf("pending in a daemon in dry-run: %+v", p)
+	}
+}

@@ -292,13 +292,22 @@ type PassOptions struct {
 	// it removes nothing and records nothing a later pass decides by (no
 	// sighting, candidate, forgotten candidate, proof, orphan, brake state
 	// or inventory size), so that previewing never brings a removal
-	// closer. Its report is kept, and says what it did not do (NotDone).
+	// closer. Its report is kept, marked Preview, and says what it did not
+	// do (NotDone).
+	//
+	// A daemon in dry-run (Config.DryRun) is another thing: it has no real
+	// pass to protect, and its passes track candidates, orphans and the
+	// brake as real ones would, so that a rollout in dry-run shows what
+	// the node would remove over time, pending taps included.
 	DryRun bool
 	// AllowMassRemoval releases the mass-removal brake, engaged or about
 	// to engage: the candidates of this pass go, at the per-pass cap's
 	// pace. An operator's word, after checking that the objects are gone
 	// on purpose.
 	AllowMassRemoval bool
+
+	// preview is a DryRun on a daemon that removes: it records nothing.
+	preview bool
 }
 
 // Pass runs one pass now, after any pass in flight, and returns its report.
@@ -309,6 +318,7 @@ func (r *Reclaimer) Pass(ctx context.Context, opts PassOptions) Report {
 	ctx = context.WithoutCancel(ctx)
 	r.passMu.Lock()
 	defer r.passMu.Unlock()
+	opts.preview = opts.DryRun && !r.cfg.DryRun
 	opts.DryRun = opts.DryRun || r.cfg.DryRun
 	started := time.Now()
 	r.mu.Lock()
@@ -327,21 +337,21 @@ func (r *Reclaimer) Pass(ctx context.Context, opts PassOptions) Report {
 	// that engaged the brake, or aged its peak, would change what the next
 	// real pass decides.
 	var brake brakeState
-	if opts.DryRun {
+	if opts.preview {
 		brake = r.brake.clone()
 	}
 	rep := r.pass(ctx, started, opts)
 	rep.Finished = time.Now()
-	if opts.DryRun {
+	if opts.preview {
 		r.brake = brake
-		rep.NotDone = notDone(rep, pending, r.brake.view.Engaged)
+		rep.Preview, rep.NotDone = true, notDone(rep, pending, r.brake.view.Engaged)
 	}
 	if r.brake.view.Engaged && rep.Brake == nil {
 		// A pass that stopped before the brake's rules (inputs not
 		// trustworthy) still says that it holds.
 		rep.Brake = &BrakeReport{Engaged: true, Reason: r.brake.view.Reason, Held: r.brake.view.Held}
 	}
-	if !opts.DryRun {
+	if !opts.preview {
 		r.saveBrake()
 	}
 	r.record(rep)
@@ -476,7 +486,7 @@ func (r *Reclaimer) pass(ctx context.Context, started time.Time, opts PassOption
 	}
 	peak := r.observeSize(now, snap.Identities())
 	brake := r.applyBrake(now, confirmed, next, len(stamped), peak, snap.Identities(), opts)
-	if !opts.DryRun {
+	if !opts.preview {
 		r.publishBrake()
 	}
 	if brake.Engaged || brake.Released != "" {
@@ -495,7 +505,7 @@ func (r *Reclaimer) pass(ctx context.Context, started time.Time, opts PassOption
 		}
 		rep.Held = slices.Clone(rep.Confirmed)
 		r.track(next, opts)
-		r.collectOrphans(ctx, links, opts.DryRun, &rep)
+		r.collectOrphans(ctx, links, opts.DryRun, !opts.preview, &rep)
 		rep.Result = ResultCompleted
 		return rep
 	}
@@ -513,7 +523,7 @@ func (r *Reclaimer) pass(ctx context.Context, started time.Time, opts PassOption
 	})
 	if len(confirmed) > 0 {
 		if err := r.remove(ctx, confirmed, links, opts.DryRun, &rep); err != nil {
-			if !opts.DryRun {
+			if !opts.preview {
 				r.unproven = err
 			}
 			rep.Result, rep.Reason = ResultSkipped, "nothing removed and every candidate forgotten: "+err.Error()
@@ -526,7 +536,7 @@ func (r *Reclaimer) pass(ctx context.Context, started time.Time, opts PassOption
 		delete(next, t.Ifindex)
 	}
 	r.track(next, opts)
-	r.collectOrphans(ctx, links, opts.DryRun, &rep)
+	r.collectOrphans(ctx, links, opts.DryRun, !opts.preview, &rep)
 	rep.Result = ResultCompleted
 	return rep
 }
@@ -542,7 +552,7 @@ func (r *Reclaimer) reprove(ctx context.Context, opts PassOptions) error {
 	if _, err := r.prove(ctx, p); err != nil {
 		return fmt.Errorf("inventory still not proven current (first failure: %w): %w", r.unproven, err)
 	}
-	if opts.DryRun {
+	if opts.preview {
 		// The next real pass proves it again for itself: the proof is
 		// what lets a pass mark after a partition.
 		return nil
@@ -563,17 +573,17 @@ func (r *Reclaimer) prove(ctx context.Context, p inventory.Prover) (inventory.Sn
 	return proof, err
 }
 
-// forget drops every candidate: the next healthy pass only marks. A dry
-// run forgets nothing (PassOptions.DryRun); its report says a real pass
-// would have.
+// forget drops every candidate: the next healthy pass only marks. A
+// preview forgets nothing (PassOptions.DryRun); its report says a real
+// pass would have.
 func (r *Reclaimer) forget(opts PassOptions) {
 	r.track(nil, opts)
 }
 
 // track makes next the candidates the next pass confirms against, unless
-// this is a dry run: its sightings must not count towards a removal.
+// this is a preview: its sightings must not count towards a removal.
 func (r *Reclaimer) track(next map[uint32]candidate, opts PassOptions) {
-	if opts.DryRun {
+	if opts.preview {
 		return
 	}
 	r.mu.Lock()

@@ -47,9 +47,12 @@ type Report struct {
 	OrphansWouldClear []OrphanReport `json:"orphansWouldClear,omitempty"`
 	OrphanErrors      []string       `json:"orphanErrors,omitempty"`
 
-	// NotDone, for a dry run, says what the real pass it previews would
-	// have done and it did not: a dry run records nothing a later pass
-	// decides by, so its first sightings start no confirmation.
+	// Preview is a dry run forced on a node that removes: it recorded
+	// nothing a later pass decides by (PassOptions.DryRun), so its first
+	// sightings start no confirmation and its brake is what a real pass
+	// would meet. NotDone says what that real pass would have done and it
+	// did not.
+	Preview bool     `json:"preview,omitempty"`
 	NotDone []string `json:"notDone,omitempty"`
 }
 

@@ -10,8 +10,8 @@ import (
 	"github.com/datum-cloud/galactic-node/node/reclaim"
 )
 
-// A dry run's brake is a preview: a dry run that would engage it, or
-// release it, changes neither gauge, which the brake alert reads; a real
+// A preview's brake is what a real pass would meet: a preview that would
+// engage it, or release it, changes neither gauge, which the brake alert reads; a real
 // braked pass sets both, and its held taps count as confirmed, not as
 // reclaimed.
 func TestADryRunMovesNoBrakeGauge(t *testing.T) {
@@ -24,7 +24,7 @@ func TestADryRunMovesNoBrakeGauge(t *testing.T) {
 	braked := reclaim.Report{Started: now, Finished: now, Result: reclaim.ResultCompleted, Confirmed: held, Held: held,
 		Brake: &reclaim.BrakeReport{Engaged: true, Held: 3}}
 	preview := braked
-	preview.DryRun = true
+	preview.DryRun, preview.Preview = true, true
 	m.PassDone(preview, 3)
 	if e, h := testutil.ToFloat64(m.brake), testutil.ToFloat64(m.brakeHeld); e != 0 || h != 0 {
 		t.Fatalf("after a dry run that would brake: engaged %v held %v, want 0 0", e, h)
@@ -33,7 +33,7 @@ func TestADryRunMovesNoBrakeGauge(t *testing.T) {
 	if e, h, r := testutil.ToFloat64(m.brake), testutil.ToFloat64(m.brakeHeld), testutil.ToFloat64(m.reclaimed); e != 1 || h != 3 || r != 0 {
 		t.Fatalf("after a braked pass: engaged %v held %v reclaimed %v, want 1 3 0", e, h, r)
 	}
-	released := reclaim.Report{Started: now, Finished: now, Result: reclaim.ResultCompleted, DryRun: true,
+	released := reclaim.Report{Started: now, Finished: now, Result: reclaim.ResultCompleted, DryRun: true, Preview: true,
 		Brake: &reclaim.BrakeReport{Released: "by an operator"}}
 	m.PassDone(released, 0)
 	if e := testutil.ToFloat64(m.brake); e != 1 {

@@ -146,10 +146,10 @@ func (m *Metrics) PassDone(rep reclaim.Report, pending int) {
 		m.failures.WithLabelValues(string(f.Stage)).Inc()
 	}
 	m.passes.WithLabelValues(string(rep.Result)).Inc()
-	// A dry run's brake is a preview (engaged or released as a real pass
-	// would have it) and changes none of the brake's state: the gauges
-	// keep saying what holds.
-	if !rep.DryRun {
+	// A preview's brake is what a real pass would meet (engaged or
+	// released) and changes none of the brake's state: the gauges keep
+	// saying what holds. A daemon in dry-run engages its brake for real.
+	if !rep.Preview {
 		engaged, held := 0.0, 0.0
 		if b := rep.Brake; b != nil && b.Engaged {
 			engaged, held = 1, float64(b.Held)
