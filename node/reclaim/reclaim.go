@@ -331,7 +331,7 @@ func (r *Reclaimer) Pass(ctx context.Context, opts PassOptions) Report {
 		r.passStarted = time.Time{}
 		r.mu.Unlock()
 	}()
-	// A dry run runs the brake's rules as a real pass would, for its
+	// A preview runs the brake's rules as a real pass would, for its
 	// report, on the brake's own memory (they move the inventory's peak
 	// and may engage or release it), then puts that memory back: a preview
 	// that engaged the brake, or aged its peak, would change what the next
@@ -358,8 +358,8 @@ func (r *Reclaimer) Pass(ctx context.Context, opts PassOptions) Report {
 	return rep
 }
 
-// notDone says what the real pass a dry run previewed would have done and
-// the dry run did not, from its report, the candidates pending before it,
+// notDone says what the real pass a preview stood for would have done and
+// the preview did not, from its report, the candidates pending before it,
 // and whether the brake held before it.
 func notDone(rep Report, pending int, braked bool) []string {
 	var out []string
