@@ -29,7 +29,9 @@ func (n *node) pinnedRows(ifindex string) (map[string]int, bool) {
 // A registered tap deleted by something other than the daemon or CNI
 // (here `ip link del`) leaves its five rows and its pinned TCX link: the
 // built daemon's first pass finds them, a dry run reports them and removes
-// none, and the next real pass clears every one, leaving the live tap's.
+// none, and the next real pass clears every one, leaving the live tap's. A
+// dry run's sighting counts for nothing: after two, the real pass only
+// marks.
 func TestRowsOfATapDeletedBehindTheNodesBackAreCollected(t *testing.T) {
 	n := newNode(t)
 	inv := n.writeInventory(liveAttachment)
@@ -42,12 +44,19 @@ func TestRowsOfATapDeletedBehindTheNodesBackAreCollected(t *testing.T) {
 	}
 	liveRows, _ := n.pinnedRows(live)
 
-	_, log := n.start("--inventory-file", inv)
+	_, log := n.start("--inventory-file", inv, "--admin-forces-per-minute", "60")
 	n.waitReady(log)
 	n.force("?dryRun=true")
 	code, body := n.call("GET", "/v1/ebpf/maps", readToken)
 	if code != 200 || !strings.Contains(string(body), `"orphans": 1`) {
 		t.Fatalf("/v1/ebpf/maps after the first pass: %d %s", code, body)
+	}
+	code, body = n.call("POST", "/v1/passes?dryRun=true", adminToken)
+	if code != 200 || strings.Contains(string(body), `"orphansWouldClear"`) || !strings.Contains(string(body), "orphaned interfaces seen once") {
+		t.Fatalf("the first dry run's sighting counted, or the second does not say it records none: %d %s", code, body)
+	}
+	if code, body = n.call("POST", "/v1/passes", adminToken); code != 200 || strings.Contains(string(body), `"orphansCleared"`) {
+		t.Fatalf("the first real pass after dry runs must only mark: %d %s", code, body)
 	}
 	code, body = n.call("POST", "/v1/passes?dryRun=true", adminToken)
 	if code != 200 || !strings.Contains(string(body), `"orphansWouldClear"`) {

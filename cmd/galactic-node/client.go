@@ -373,8 +373,10 @@ type passReport struct {
 	Result       string   `json:"result"`
 	Reason       string   `json:"reason"`
 	DryRun       bool     `json:"dryRun"`
+	Preview      bool     `json:"preview"`
 	Candidates   []any    `json:"candidates"`
 	Confirmed    []any    `json:"confirmed"`
+	Held         []tapRef `json:"held"`
 	WouldReclaim []tapRef `json:"wouldReclaim"`
 	Reclaimed    []tapRef `json:"reclaimed"`
 	Failed       []struct {
@@ -382,7 +384,8 @@ type passReport struct {
 		Stage string `json:"stage"`
 		Error string `json:"error"`
 	} `json:"failed"`
-	RolledOver int `json:"rolledOver"`
+	RolledOver int      `json:"rolledOver"`
+	NotDone    []string `json:"notDone"`
 	Brake      *struct {
 		Engaged  bool   `json:"engaged"`
 		Reason   string `json:"reason"`
@@ -425,12 +428,24 @@ func printPass(stdout, stderr io.Writer, body []byte, output string) int {
 		for _, f := range rep.Failed {
 			fmt.Fprintf(stdout, "failed %s (ifindex %d) at %s: %q\n", f.Tap.Name, f.Tap.Ifindex, f.Stage, f.Error)
 		}
+		// A preview's brake is what a real pass would meet: it neither
+		// engaged nor released the brake, and must not read as if it had.
+		released, engaged, held := "mass-removal brake released", "mass-removal brake engaged,", "held"
+		if rep.Preview {
+			released, engaged, held = "a real pass now would release the mass-removal brake", "a real pass now would meet the mass-removal brake,", "would hold"
+		}
 		if b := rep.Brake; b != nil && b.Released != "" {
-			fmt.Fprintf(stdout, "mass-removal brake released %s\n", b.Released)
+			fmt.Fprintf(stdout, "%s %s\n", released, b.Released)
+		}
+		for _, t := range rep.Held {
+			fmt.Fprintf(stdout, "%s %s (ifindex %d)\n", held, t.Name, t.Ifindex)
 		}
 		if b := rep.Brake; b != nil && b.Engaged {
-			fmt.Fprintf(stdout, "mass-removal brake engaged, %d confirmed taps held: %s\n", b.Held, b.Reason)
+			fmt.Fprintf(stdout, "%s %d confirmed taps held: %s\n", engaged, b.Held, b.Reason)
 			fmt.Fprintln(stdout, "check that their objects are gone on purpose, then: galactic-node pass --allow-mass-removal")
+		}
+		for _, s := range rep.NotDone {
+			fmt.Fprintf(stdout, "dry run, not done: %s\n", s) // the daemon's words
 		}
 	}
 	// A braked pass removed nothing it meant to: scripts see it as not done.

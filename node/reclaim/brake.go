@@ -216,14 +216,17 @@ func (r *Reclaimer) applyBrake(now time.Time, confirmed []candidate, next map[ui
 			}
 		}
 		switch {
-		case opts.AllowMassRemoval && !opts.DryRun:
-			rep.Released = r.releaseBrake(now, next, "by an operator (allow mass removal)")
+		case opts.AllowMassRemoval && (!opts.DryRun || opts.preview):
+			// A preview releases too, to show what the release would
+			// remove: Pass puts the memory back. A daemon in dry-run
+			// keeps its brake: nothing is removed to release.
+			rep.Released = r.releaseBrake(now, next, opts.preview, "by an operator (allow mass removal)")
 		case len(next) == 0:
 			// The objects came back (or the taps went): nothing is left
 			// to hold, and a tap found stale later is weighed afresh.
-			rep.Released = r.releaseBrake(now, next, "on its own: no candidate left to hold")
+			rep.Released = r.releaseBrake(now, next, opts.preview, "on its own: no candidate left to hold")
 		case r.cfg.BrakeReleaseAfter > 0 && !now.Before(b.view.ReleasesAt):
-			rep.Released = r.releaseBrake(now, next, fmt.Sprintf("on its own: the inventory shrank no further for %s", r.cfg.BrakeReleaseAfter))
+			rep.Released = r.releaseBrake(now, next, opts.preview, fmt.Sprintf("on its own: the inventory shrank no further for %s", r.cfg.BrakeReleaseAfter))
 		default:
 			b.view.Held = len(confirmed)
 			return BrakeReport{Engaged: true, Reason: b.view.Reason, Held: len(confirmed)}
@@ -231,17 +234,17 @@ func (r *Reclaimer) applyBrake(now time.Time, confirmed []candidate, next map[ui
 	}
 	why := r.brakeRule(confirmed, stamped, peak, identities)
 	if why == "" {
-		if opts.AllowMassRemoval && !opts.DryRun && rep.Released == "" {
+		if opts.AllowMassRemoval && (!opts.DryRun || opts.preview) && rep.Released == "" {
 			// The operator's word covers the departures behind the
 			// peak too: without this, a shrink they just judged
 			// ordinary would hold the next removal.
-			rep.Released = r.releaseBrake(now, next, "by an operator (allow mass removal): nothing was held; the inventory's peak was reset")
+			rep.Released = r.releaseBrake(now, next, opts.preview, "by an operator (allow mass removal): nothing was held; the inventory's peak was reset")
 		}
 		return rep
 	}
 	if opts.AllowMassRemoval {
-		if !opts.DryRun {
-			rep.Released = r.releaseBrake(now, next, "by an operator (allow mass removal) before it engaged: "+why)
+		if !opts.DryRun || opts.preview {
+			rep.Released = r.releaseBrake(now, next, opts.preview, "by an operator (allow mass removal) before it engaged: "+why)
 		}
 		return rep
 	}
@@ -249,6 +252,10 @@ func (r *Reclaimer) applyBrake(now time.Time, confirmed []candidate, next map[ui
 	b.lowest, b.lowestAt = identities, now
 	if r.cfg.BrakeReleaseAfter > 0 {
 		b.view.ReleasesAt = now.Add(r.cfg.BrakeReleaseAfter)
+	}
+	if opts.preview {
+		// Pass puts the memory back: nothing engaged to tell of.
+		return BrakeReport{Engaged: true, Reason: why, Held: len(confirmed)}
 	}
 	r.log.Warn("mass-removal brake engaged: passes remove nothing until it is released",
 		"reason", why, "held", len(confirmed), "releases_at", b.view.ReleasesAt,
@@ -261,8 +268,9 @@ func (r *Reclaimer) applyBrake(now time.Time, confirmed []candidate, next map[ui
 
 // releaseBrake releases the brake, accepting every candidate tracked now,
 // and forgets the inventory's past sizes, so that neither rule engages it
-// again for what was accepted.
-func (r *Reclaimer) releaseBrake(now time.Time, next map[uint32]candidate, how string) string {
+// again for what was accepted. A preview's release is told to no one: Pass
+// puts the memory back.
+func (r *Reclaimer) releaseBrake(now time.Time, next map[uint32]candidate, preview bool, how string) string {
 	b := &r.brake
 	if b.accepted == nil {
 		b.accepted = make(map[uint32]candidate)
@@ -274,11 +282,23 @@ func (r *Reclaimer) releaseBrake(now time.Time, next map[uint32]candidate, how s
 	// shrink after the release is weighed afresh.
 	b.sizes = b.sizes[max(len(b.sizes)-1, 0):]
 	b.view = Brake{LastRelease: how, LastReleaseAt: now}
+	if preview {
+		return how
+	}
 	r.log.Warn("mass-removal brake released", "how", how, "accepted", len(next))
 	if r.events != nil {
 		r.events.BrakeReleased(how, len(next))
 	}
 	return how
+}
+
+// clone returns a copy of b that shares nothing it changes: observeSize
+// writes into sizes' array and applyBrake into accepted.
+func (b *brakeState) clone() brakeState {
+	c := *b
+	c.sizes = slices.Clone(b.sizes)
+	c.accepted = maps.Clone(b.accepted)
+	return c
 }
 
 // memory returns the brake's memory as a store keeps it.

@@ -3,6 +3,7 @@ package reclaim
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -206,7 +207,8 @@ func TestAReleaseAcceptsItsCandidatesOnly(t *testing.T) {
 	}
 }
 
-// A dry run may engage the brake, but never releases it.
+// A dry run with the operator's release previews it, what it would remove
+// included, but never releases the brake.
 func TestADryRunNeverReleasesTheBrake(t *testing.T) {
 	h := newHarness(liveInventory(), brakeOn())
 	for _, id := range staleIDs(3) {
@@ -217,6 +219,13 @@ func TestADryRunNeverReleasesTheBrake(t *testing.T) {
 	rep := h.r.Pass(context.Background(), PassOptions{AllowMassRemoval: true, DryRun: true})
 	if !h.r.Brake().Engaged || len(rep.Reclaimed) != 0 {
 		t.Fatalf("dry run released the brake: %+v", h.r.Brake())
+	}
+	if rep.Brake == nil || rep.Brake.Released == "" || len(rep.WouldReclaim) != 3 ||
+		!slices.ContainsFunc(rep.NotDone, func(s string) bool { return strings.HasPrefix(s, "the brake not released") }) {
+		t.Fatalf("the dry run does not preview the release: brake %+v, would reclaim %v, not done %q", rep.Brake, rep.WouldReclaim, rep.NotDone)
+	}
+	if rep := h.pass(t); len(rep.Reclaimed) != 0 || rep.Brake == nil || !rep.Brake.Engaged {
+		t.Fatalf("the real pass after the preview: reclaimed %v, brake %+v; want still held", rep.Reclaimed, rep.Brake)
 	}
 }
 

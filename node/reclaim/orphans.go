@@ -30,8 +30,9 @@ type orphan = OrphanReport
 // pass's dump, and clears those a previous pass found too, rechecking under
 // the VRF lock that the link is still gone: rows of an interface that
 // exists are never touched, and an ADD that registers rows after the dump
-// was read is seen live by the next pass.
-func (r *Reclaimer) collectOrphans(ctx context.Context, links []link.Link, dryRun bool, rep *Report) {
+// was read is seen live by the next pass. Without record (a preview), no
+// sighting is kept.
+func (r *Reclaimer) collectOrphans(ctx context.Context, links []link.Link, dryRun, record bool, rep *Report) {
 	lister, ok := r.reg.(RegisteredLister)
 	if !ok {
 		return
@@ -92,8 +93,12 @@ func (r *Reclaimer) collectOrphans(ctx context.Context, links []link.Link, dryRu
 			rep.OrphanErrors = append(rep.OrphanErrors, err.Error())
 		}
 	}
-	r.mu.Lock()
-	r.orphans = next
-	r.mu.Unlock()
+	// A preview's sightings must not bring a clearing closer, as its
+	// sightings of taps (PassOptions.DryRun).
+	if record {
+		r.mu.Lock()
+		r.orphans = next
+		r.mu.Unlock()
+	}
 	r.collectOrphanDecisions(ctx, dryRun, rep)
 }

@@ -288,14 +288,26 @@ func (r *Reclaimer) Schedule() Schedule {
 
 // PassOptions modify one pass.
 type PassOptions struct {
-	// DryRun computes and reports, removing nothing. Candidates are still
-	// tracked, so a dry run shows what the next real pass would confirm.
+	// DryRun answers "what would a real pass do now" and does none of it:
+	// it removes nothing and records nothing a later pass decides by (no
+	// sighting, candidate, forgotten candidate, proof, orphan, brake state
+	// or inventory size), so that previewing never brings a removal
+	// closer. Its report is kept, marked Preview, and says what it did not
+	// do (NotDone).
+	//
+	// A daemon in dry-run (Config.DryRun) is another thing: it has no real
+	// pass to protect, and its passes track candidates, orphans and the
+	// brake as real ones would, so that a rollout in dry-run shows what
+	// the node would remove over time, pending taps included.
 	DryRun bool
 	// AllowMassRemoval releases the mass-removal brake, engaged or about
 	// to engage: the candidates of this pass go, at the per-pass cap's
 	// pace. An operator's word, after checking that the objects are gone
 	// on purpose.
 	AllowMassRemoval bool
+
+	// preview is a DryRun on a daemon that removes: it records nothing.
+	preview bool
 }
 
 // Pass runs one pass now, after any pass in flight, and returns its report.
@@ -306,27 +318,85 @@ func (r *Reclaimer) Pass(ctx context.Context, opts PassOptions) Report {
 	ctx = context.WithoutCancel(ctx)
 	r.passMu.Lock()
 	defer r.passMu.Unlock()
+	opts.preview = opts.DryRun && !r.cfg.DryRun
 	opts.DryRun = opts.DryRun || r.cfg.DryRun
 	started := time.Now()
 	r.mu.Lock()
 	r.passStarted = started
 	r.running = &Report{Started: started, DryRun: opts.DryRun, Result: ResultRunning}
+	pending := len(r.candidates)
 	r.mu.Unlock()
 	defer func() {
 		r.mu.Lock()
 		r.passStarted = time.Time{}
 		r.mu.Unlock()
 	}()
+	// A preview runs the brake's rules as a real pass would, for its
+	// report, on the brake's own memory (they move the inventory's peak
+	// and may engage or release it), then puts that memory back: a preview
+	// that engaged the brake, or aged its peak, would change what the next
+	// real pass decides.
+	var brake brakeState
+	if opts.preview {
+		brake = r.brake.clone()
+	}
 	rep := r.pass(ctx, started, opts)
 	rep.Finished = time.Now()
+	if opts.preview {
+		r.brake = brake
+		rep.Preview, rep.NotDone = true, notDone(rep, pending, r.brake.view.Engaged)
+	}
 	if r.brake.view.Engaged && rep.Brake == nil {
 		// A pass that stopped before the brake's rules (inputs not
 		// trustworthy) still says that it holds.
 		rep.Brake = &BrakeReport{Engaged: true, Reason: r.brake.view.Reason, Held: r.brake.view.Held}
 	}
-	r.saveBrake()
+	if !opts.preview {
+		r.saveBrake()
+	}
 	r.record(rep)
 	return rep
+}
+
+// notDone says what the real pass a preview stood for would have done and
+// the preview did not, from its report, the candidates pending before it,
+// and whether the brake held before it.
+func notDone(rep Report, pending int, braked bool) []string {
+	var out []string
+	if rep.Result != ResultCompleted && pending > 0 {
+		out = append(out, fmt.Sprintf("%d pending not forgotten: a real pass now would forget them, and only mark in the next", pending))
+	}
+	first := 0
+	for _, c := range rep.Candidates {
+		if c.Passes == 1 {
+			first++
+		}
+	}
+	if first > 0 {
+		out = append(out, fmt.Sprintf("%d seen once: a real pass now would start their confirmation", first))
+	}
+	if n := len(rep.WouldReclaim); n > 0 {
+		out = append(out, fmt.Sprintf("nothing removed: a real pass now would remove %d", n))
+	}
+	if b := rep.Brake; b != nil && b.Engaged && !braked {
+		out = append(out, fmt.Sprintf("the brake not engaged: a real pass now would engage it, holding %d", b.Held))
+	}
+	if b := rep.Brake; b != nil && b.Released != "" {
+		out = append(out, "the brake not released: a real pass now would release it "+b.Released)
+	}
+	first = 0
+	for _, o := range rep.Orphans {
+		if o.Passes == 1 {
+			first++
+		}
+	}
+	if first > 0 {
+		out = append(out, fmt.Sprintf("%d orphaned interfaces seen once: a real pass now would start their confirmation", first))
+	}
+	if n := len(rep.OrphansWouldClear); n > 0 {
+		out = append(out, fmt.Sprintf("no orphan rows cleared: a real pass now would clear those of %d interfaces", n))
+	}
+	return append(out, "nothing recorded: the next real pass decides as if this dry run had not run")
 }
 
 // progress updates the running pass's report, for views.
@@ -344,7 +414,7 @@ func (r *Reclaimer) pass(ctx context.Context, started time.Time, opts PassOption
 	links, err := r.links.Links(ctx)
 	if err != nil {
 		rep.Result, rep.Reason = ResultFailed, fmt.Sprintf("read links: %v", err)
-		r.forget()
+		r.forget(opts)
 		return rep
 	}
 	rep.Inputs.Links = len(links)
@@ -367,14 +437,14 @@ func (r *Reclaimer) pass(ctx context.Context, started time.Time, opts PassOption
 	if err := snap.Healthy(); err != nil {
 		rep.Result, rep.Reason = ResultSkipped, "inventory not trustworthy, nothing removed and every candidate forgotten: "+err.Error()
 		r.log.Warn("reclaim pass removed nothing", "reason", rep.Reason)
-		r.forget()
+		r.forget(opts)
 		return rep
 	}
 
-	if err := r.reprove(ctx); err != nil {
+	if err := r.reprove(ctx, opts); err != nil {
 		rep.Result, rep.Reason = ResultSkipped, "nothing removed and every candidate forgotten: "+err.Error()
 		r.log.Warn("reclaim pass removed nothing", "reason", rep.Reason)
-		r.forget()
+		r.forget(opts)
 		return rep
 	}
 
@@ -416,7 +486,9 @@ func (r *Reclaimer) pass(ctx context.Context, started time.Time, opts PassOption
 	}
 	peak := r.observeSize(now, snap.Identities())
 	brake := r.applyBrake(now, confirmed, next, len(stamped), peak, snap.Identities(), opts)
-	r.publishBrake()
+	if !opts.preview {
+		r.publishBrake()
+	}
 	if brake.Engaged || brake.Released != "" {
 		rep.Brake = &brake
 	}
@@ -424,10 +496,16 @@ func (r *Reclaimer) pass(ctx context.Context, started time.Time, opts PassOption
 		// The candidates stay tracked, so that a release removes them in
 		// its own pass; the orphan collection is no tenant's business.
 		rep.Reason = "mass-removal brake engaged, nothing removed: " + brake.Reason
-		r.mu.Lock()
-		r.candidates = next
-		r.mu.Unlock()
-		r.collectOrphans(ctx, links, opts.DryRun, &rep)
+		// The held taps are confirmed all the same: a report that says
+		// "3 confirmed stale at once" must list those 3, and Held says
+		// the brake kept them.
+		slices.SortFunc(confirmed, func(a, b candidate) int { return cmp.Compare(a.Ifindex, b.Ifindex) })
+		for _, c := range confirmed {
+			rep.Confirmed = append(rep.Confirmed, c.TapRef)
+		}
+		rep.Held = slices.Clone(rep.Confirmed)
+		r.track(next, opts)
+		r.collectOrphans(ctx, links, opts.DryRun, !opts.preview, &rep)
 		rep.Result = ResultCompleted
 		return rep
 	}
@@ -445,20 +523,20 @@ func (r *Reclaimer) pass(ctx context.Context, started time.Time, opts PassOption
 	})
 	if len(confirmed) > 0 {
 		if err := r.remove(ctx, confirmed, links, opts.DryRun, &rep); err != nil {
-			r.unproven = err
+			if !opts.preview {
+				r.unproven = err
+			}
 			rep.Result, rep.Reason = ResultSkipped, "nothing removed and every candidate forgotten: "+err.Error()
 			r.log.Warn("reclaim pass removed nothing", "reason", rep.Reason)
-			r.forget()
+			r.forget(opts)
 			return rep
 		}
 	}
 	for _, t := range rep.Reclaimed {
 		delete(next, t.Ifindex)
 	}
-	r.mu.Lock()
-	r.candidates = next
-	r.mu.Unlock()
-	r.collectOrphans(ctx, links, opts.DryRun, &rep)
+	r.track(next, opts)
+	r.collectOrphans(ctx, links, opts.DryRun, !opts.preview, &rep)
 	rep.Result = ResultCompleted
 	return rep
 }
@@ -466,13 +544,18 @@ func (r *Reclaimer) pass(ctx context.Context, started time.Time, opts PassOption
 // reprove, after a failed proof, proves the inventory current again before
 // the pass may even mark: what a partitioned node's cache says is not a
 // sighting. It makes no request while no proof has failed.
-func (r *Reclaimer) reprove(ctx context.Context) error {
+func (r *Reclaimer) reprove(ctx context.Context, opts PassOptions) error {
 	p, ok := r.inv.(inventory.Prover)
 	if r.unproven == nil || !ok {
 		return nil
 	}
 	if _, err := r.prove(ctx, p); err != nil {
 		return fmt.Errorf("inventory still not proven current (first failure: %w): %w", r.unproven, err)
+	}
+	if opts.preview {
+		// The next real pass proves it again for itself: the proof is
+		// what lets a pass mark after a partition.
+		return nil
 	}
 	r.log.Info("inventory proven current again", "after", r.unproven)
 	r.unproven = nil
@@ -490,10 +573,21 @@ func (r *Reclaimer) prove(ctx context.Context, p inventory.Prover) (inventory.Sn
 	return proof, err
 }
 
-// forget drops every candidate: the next healthy pass only marks.
-func (r *Reclaimer) forget() {
+// forget drops every candidate: the next healthy pass only marks. A
+// preview forgets nothing (PassOptions.DryRun); its report says a real
+// pass would have.
+func (r *Reclaimer) forget(opts PassOptions) {
+	r.track(nil, opts)
+}
+
+// track makes next the candidates the next pass confirms against, unless
+// this is a preview: its sightings must not count towards a removal.
+func (r *Reclaimer) track(next map[uint32]candidate, opts PassOptions) {
+	if opts.preview {
+		return
+	}
 	r.mu.Lock()
-	r.candidates = nil
+	r.candidates = next
 	r.mu.Unlock()
 }
 

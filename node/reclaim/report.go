@@ -19,13 +19,23 @@ type Report struct {
 	Reason string `json:"reason,omitempty"`
 	Inputs Inputs `json:"inputs"`
 
-	Candidates   []CandidateReport `json:"candidates"`
-	Confirmed    []TapRef          `json:"confirmed"`
-	WouldReclaim []TapRef          `json:"wouldReclaim,omitempty"`
-	Reclaimed    []TapRef          `json:"reclaimed"`
-	Kept         []Kept            `json:"kept"`
-	Failed       []Failure         `json:"failed"`
-	RolledOver   int               `json:"rolledOver"`
+	Candidates []CandidateReport `json:"candidates"`
+	// Confirmed are the taps this pass found stale long enough to remove:
+	// what an operator reading "confirmed" next to a brake that "held 3
+	// confirmed taps" expects to count. It is no promise of a removal:
+	// Held, RolledOver, Kept, Failed and WouldReclaim say what became of
+	// them. Nothing counts removals from it (the metrics and events count
+	// Reclaimed), so listing the held ones here moves no removal count.
+	Confirmed []TapRef `json:"confirmed"`
+	// Held are the confirmed taps the mass-removal brake kept, all of a
+	// braked pass's: listed apart so that a script can still tell the
+	// confirmed taps a pass went on to remove (Confirmed without Held).
+	Held         []TapRef  `json:"held,omitempty"`
+	WouldReclaim []TapRef  `json:"wouldReclaim,omitempty"`
+	Reclaimed    []TapRef  `json:"reclaimed"`
+	Kept         []Kept    `json:"kept"`
+	Failed       []Failure `json:"failed"`
+	RolledOver   int       `json:"rolledOver"`
 	// Brake is set when the mass-removal brake kept every confirmed tap,
 	// or was released, in this pass.
 	Brake *BrakeReport `json:"brake,omitempty"`
@@ -36,6 +46,14 @@ type Report struct {
 	OrphansCleared    []OrphanReport `json:"orphansCleared,omitempty"`
 	OrphansWouldClear []OrphanReport `json:"orphansWouldClear,omitempty"`
 	OrphanErrors      []string       `json:"orphanErrors,omitempty"`
+
+	// Preview is a dry run forced on a node that removes: it recorded
+	// nothing a later pass decides by (PassOptions.DryRun), so its first
+	// sightings start no confirmation and its brake is what a real pass
+	// would meet. NotDone says what that real pass would have done and it
+	// did not.
+	Preview bool     `json:"preview,omitempty"`
+	NotDone []string `json:"notDone,omitempty"`
 }
 
 // Inputs counts what a pass read. Nothing in it grows with the cluster's
@@ -128,7 +146,7 @@ func (r *Reclaimer) Reports() []Report {
 	out := make([]Report, 0, len(r.history)+1)
 	if r.running != nil {
 		run := *r.running
-		run.Candidates, run.Confirmed = slices.Clone(run.Candidates), slices.Clone(run.Confirmed)
+		run.Candidates, run.Confirmed, run.Held = slices.Clone(run.Candidates), slices.Clone(run.Confirmed), slices.Clone(run.Held)
 		run.Reclaimed, run.WouldReclaim = slices.Clone(run.Reclaimed), slices.Clone(run.WouldReclaim)
 		run.Kept, run.Failed = slices.Clone(run.Kept), slices.Clone(run.Failed)
 		out = append(out, run)

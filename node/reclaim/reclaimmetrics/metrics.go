@@ -146,12 +146,17 @@ func (m *Metrics) PassDone(rep reclaim.Report, pending int) {
 		m.failures.WithLabelValues(string(f.Stage)).Inc()
 	}
 	m.passes.WithLabelValues(string(rep.Result)).Inc()
-	engaged, held := 0.0, 0.0
-	if b := rep.Brake; b != nil && b.Engaged {
-		engaged, held = 1, float64(b.Held)
+	// A preview's brake is what a real pass would meet (engaged or
+	// released) and changes none of the brake's state: the gauges keep
+	// saying what holds. A daemon in dry-run engages its brake for real.
+	if !rep.Preview {
+		engaged, held := 0.0, 0.0
+		if b := rep.Brake; b != nil && b.Engaged {
+			engaged, held = 1, float64(b.Held)
+		}
+		m.brake.Set(engaged)
+		m.brakeHeld.Set(held)
 	}
-	m.brake.Set(engaged)
-	m.brakeHeld.Set(held)
 	m.passDuration.Observe(rep.Finished.Sub(rep.Started).Seconds())
 	if rep.Result == reclaim.ResultCompleted {
 		m.lastPass.Set(float64(rep.Finished.UnixNano()) / 1e9)
