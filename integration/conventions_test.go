@@ -140,16 +140,16 @@ func TestConventionUsageErrorIsOneLineAndAHintExitTwo(t *testing.T) {
 		want string // the first line
 		help string
 	}{
-		{binary, []string{"run", "--intervall", "1m"}, "galactic-node: unknown flag --intervall", "galactic-node run --help"},
-		{binary, []string{"run", "--interval", "soon"}, `galactic-node: invalid value "soon" for flag --interval`, "galactic-node run --help"},
-		{binary, []string{"install-cni", "--bogus"}, "galactic-node: unknown flag --bogus", "galactic-node install-cni --help"},
-		{binary, []string{"tap", "add", "--bogus"}, "galactic-node: unknown flag --bogus", "galactic-node tap add --help"},
-		{binary, []string{"tap", "rename"}, `galactic-node: tap "rename": want add, del or hold`, "galactic-node tap --help"},
-		{binary, []string{"frobnicate"}, `galactic-node: unknown command "frobnicate"`, "galactic-node --help"},
-		{binary, nil, "galactic-node: no command given", "galactic-node --help"},
-		{hubctlBin(t), []string{"--workerz", "3"}, "galactic-hubctl: unknown flag --workerz", "galactic-hubctl --help"},
-		{hubctlBin(t), []string{"stray"}, `galactic-hubctl: unexpected argument "stray"`, "galactic-hubctl --help"},
-		{tapPlugin, []string{"--bogus"}, `galactic-tap: unknown argument "--bogus"`, "galactic-tap --help"},
+		{binary, []string{"run", "--intervall", "1m"}, "error: unknown flag --intervall", "galactic-node run --help"},
+		{binary, []string{"run", "--interval", "soon"}, `error: invalid value "soon" for flag --interval`, "galactic-node run --help"},
+		{binary, []string{"install-cni", "--bogus"}, "error: unknown flag --bogus", "galactic-node install-cni --help"},
+		{binary, []string{"tap", "add", "--bogus"}, "error: unknown flag --bogus", "galactic-node tap add --help"},
+		{binary, []string{"tap", "rename"}, `error: tap "rename": want add, del or hold`, "galactic-node tap --help"},
+		{binary, []string{"frobnicate"}, `error: unknown command "frobnicate"`, "galactic-node --help"},
+		{binary, nil, "error: no command given", "galactic-node --help"},
+		{hubctlBin(t), []string{"--workerz", "3"}, "error: unknown flag --workerz", "galactic-hubctl --help"},
+		{hubctlBin(t), []string{"stray"}, `error: unexpected argument "stray"`, "galactic-hubctl --help"},
+		{tapPlugin, []string{"--bogus"}, `error: unknown argument "--bogus"`, "galactic-tap --help"},
 	} {
 		r := runBin(t, tc.bin, nil, tc.args...)
 		want := tc.want + "\nRun '" + tc.help + "' for usage.\n"

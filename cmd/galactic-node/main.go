@@ -6,6 +6,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -56,7 +57,7 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 		}
 		fmt.Fprintln(stdout, usage)
 	default:
-		if clientCommands[args[0]] {
+		if _, ok := clientCommands[args[0]]; ok {
 			return runClient(ctx, args[0], args[1:], stdout, stderr)
 		}
 		err = cli.Misuse(prog, fmt.Errorf("unknown command %q", args[0]))
@@ -70,7 +71,11 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 // sibling command is not a mistake.
 func knownEnv() map[string]bool {
 	var c installCNIFlags
-	return envflag.Names(daemonFlagSet(&daemonFlags{}), installCNIFlagSet(&c), tapFlagSet("add", &tapFlags{}), clientFlagSet("pass", &clientOpts{}), clientFlagSet("maps", &clientOpts{}))
+	sets := []*flag.FlagSet{daemonFlagSet(&daemonFlags{}), installCNIFlagSet(&c), tapFlagSet("add", &tapFlags{})}
+	for cmd := range clientCommands {
+		sets = append(sets, clientFlagSet(cmd, &clientOpts{}))
+	}
+	return envflag.Names(sets...)
 }
 
 const usage = `usage: galactic-node <command> [flags]
