@@ -3,8 +3,8 @@ package cli
 import (
 	"bytes"
 	"errors"
-	"fmt"
 	"flag"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
