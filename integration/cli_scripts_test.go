@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -89,6 +91,27 @@ func TestTheCLIsJSONIsOneSchema(t *testing.T) {
 		if l, ok := reps.Items[0][k].([]any); !ok || len(l) != 0 {
 			t.Errorf("a quiet pass's %s is %#v, want []", k, reps.Items[0][k])
 		}
+	}
+	// Every jq line of docs/operations.md runs on this quiet node's real
+	// output: the client as written, the socket from GALACTIC_SOCKET.
+	doc, err := os.ReadFile("../docs/operations.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	jqLines := 0
+	for _, l := range strings.Split(string(doc), "\n") {
+		if l = strings.TrimSpace(l); !strings.HasPrefix(l, "galactic-node ") || !strings.Contains(l, "| jq ") {
+			continue
+		}
+		jqLines++
+		cmd := exec.Command("bash", "-euo", "pipefail", "-c", l)
+		cmd.Env = append(cleanEnv(), "PATH="+filepath.Dir(s.bin)+":"+os.Getenv("PATH"), "GALACTIC_SOCKET="+s.n.socket)
+		if out, err := cmd.CombinedOutput(); err != nil || strings.Contains(string(out), "error") {
+			t.Errorf("docs/operations.md on a quiet node: %v\n$ %s\n%s", err, l, out)
+		}
+	}
+	if jqLines < 4 {
+		t.Errorf("docs/operations.md has %d jq lines; the JSON section alone has 4", jqLines)
 	}
 	// taps: the identity is vpc and attachment, once.
 	_, out, _ = s.run(t, 0, nil, "taps", "-o", "json")
