@@ -84,8 +84,15 @@ commands:
   run          run the node daemon
   install-cni  install the CNI plugin (and the network's conflist where asked) on the host, atomically
   tap          add or delete a tenant tap as CNI ADD/DEL would, for labs and the demo
-  status, taps, pending, passes, pass [--dry-run], maps [NAME], rows IFINDEX
-               talk to the running daemon over its admin socket
+  status       the daemon's readiness, passes, brake, inventory and map fill
+  taps [NAME]  the tenant taps and their state (--state, --vpc), or one tap
+  pending      the candidates waiting for a confirming pass
+  passes       recent pass reports, newest first
+  pass         force a pass now (--dry-run, --allow-mass-removal)
+  maps [NAME]  the eBPF maps, or one map's rows
+  rows IFINDEX the eBPF rows of one interface
+  drops        sampled records of dropped frames (--follow)
+               (these talk to the running daemon over its admin socket)
   version      print the version (also --version)
   help         print this (also -h, --help); galactic-node <command> --help for a command's flags
 
