@@ -116,7 +116,10 @@ func (f *fakeBackend) MapRows(name string, _ uint32, _ int) ([]datapath.Row[any,
 }
 func (f *fakeBackend) InterfaceRows(ifindex uint32) (attachreg.InterfaceRows, error) {
 	f.touched.Add(1)
-	return attachreg.InterfaceRows{Ifindex: ifindex, Rows: map[string]any{}}, nil
+	if ifindex != 7 {
+		return attachreg.InterfaceRows{Ifindex: ifindex, Rows: map[string]any{}}, nil // none the datapath knows
+	}
+	return attachreg.InterfaceRows{Ifindex: ifindex, Rows: map[string]any{}, Attached: true}, nil
 }
 
 func (f *fakeBackend) RecentDrops(fl dropwatch.Filter) ([]dropwatch.Record, error) {
@@ -480,8 +483,9 @@ var routes = []struct {
 	{"GET", "/healthz", "/healthz", nil},
 	{"GET", "/readyz", "/readyz", nil},
 	{"GET", "/v1/status", "/v1/status", nil},
-	{"GET", "/v1/taps", "/v1/taps", nil},
+	{"GET", "/v1/taps", "/v1/taps", []string{"state", "vpc"}},
 	{"GET", "/v1/taps/pending", "/v1/taps/pending", nil},
+	{"GET", "/v1/taps/{name}", "/v1/taps/G000000010013H", nil},
 	{"GET", "/v1/passes", "/v1/passes", []string{"limit"}},
 	{"GET", "/v1/passes/last", "/v1/passes/last", nil},
 	{"GET", "/v1/ebpf/maps", "/v1/ebpf/maps", nil},
@@ -575,7 +579,7 @@ func TestAuthIsCheckedBeforeParameters(t *testing.T) {
 	}{
 		{"POST", "/v1/passes?dryrun=true", "", http.StatusUnauthorized, "missing bearer token"},
 		{"POST", "/v1/passes?dryrun=true", "wrong-token-0123456789", http.StatusUnauthorized, "invalid bearer token"},
-		{"POST", "/v1/passes?dryrun=true", readToken, http.StatusForbidden, "cannot create"},
+		{"POST", "/v1/passes?dryrun=true", readToken, http.StatusForbidden, "needs an admin token"},
 		{"GET", "/v1/taps?bogus=1", "", http.StatusUnauthorized, "missing bearer token"},
 		{"GET", "/v1/ebpf/maps/traffic_policy?limit=5&limit=6", "", http.StatusUnauthorized, "missing bearer token"},
 		{"GET", "/v1/taps?bogus=1&access_token=" + adminToken, "", http.StatusBadRequest, "Authorization header"},

@@ -92,7 +92,7 @@ func (h *handler) drops(w http.ResponseWriter, r *http.Request) {
 		if text {
 			WriteDrop(&line, rec)
 		} else {
-			b, _ := json.Marshal(rec)
+			b, _ := json.Marshal(withEmptyLists(rec))
 			line.Write(escapeJSON(b))
 			line.WriteByte('\n')
 		}

@@ -31,7 +31,7 @@ type tabular struct {
 func (t tabular) MarshalJSON() ([]byte, error) {
 	return json.Marshal(struct {
 		Items any `json:"items"`
-	}{t.items})
+	}{withEmptyLists(t.items)})
 }
 
 // writeText renders v for a person at a terminal. Every cell and message

@@ -119,9 +119,13 @@ type Config struct {
 	Log          *slog.Logger
 }
 
+// GET /v1/ebpf/maps/{name} serves DefaultRows rows unless ?limit= asks
+// for up to MaxRows.
 const (
-	defaultLimit = 100
-	maxLimit     = 10000
+	DefaultRows  = 100
+	MaxRows      = 10000
+	defaultLimit = DefaultRows
+	maxLimit     = MaxRows
 )
 
 type handler struct {
@@ -173,8 +177,9 @@ func NewHandler(b Backend, cfg Config) http.Handler {
 		r.Group(func(r chi.Router) {
 			r.Use(h.authorize(RoleRead, "get"))
 			r.With(accepts()).Get("/status", h.status)
-			r.With(accepts()).Get("/taps", h.taps)
+			r.With(accepts("state", "vpc")).Get("/taps", h.taps)
 			r.With(accepts()).Get("/taps/pending", h.pending)
+			r.With(accepts()).Get("/taps/{name}", h.tap)
 			r.With(accepts("limit")).Get("/passes", h.passes)
 			r.With(accepts()).Get("/passes/last", h.lastPass)
 			r.With(accepts()).Get("/ebpf/maps", h.maps)
@@ -279,7 +284,7 @@ func (h *handler) authorize(need Role, verb string) func(http.Handler) http.Hand
 					}
 					next.ServeHTTP(w, r)
 				case role != RoleNone:
-					writeError(w, r, http.StatusForbidden, fmt.Sprintf("%s, a reader through the read group, cannot %s this: run as root", peer, verb))
+					writeError(w, r, http.StatusForbidden, fmt.Sprintf("%s may only read (through the admin socket's read group): %s needs root or an admin token", peer, needsAdmin(r)))
 				default:
 					writeError(w, r, http.StatusForbidden, fmt.Sprintf("%s is neither root nor in the admin socket's read group, and sent no token", peer))
 				}
@@ -295,7 +300,7 @@ func (h *handler) authorize(need Role, verb string) func(http.Handler) http.Hand
 			case role >= need:
 				principal = "token:" + role.String()
 			case role != RoleNone:
-				writeError(w, r, http.StatusForbidden, fmt.Sprintf("a %s token cannot %s this", role, verb))
+				writeError(w, r, http.StatusForbidden, fmt.Sprintf("a %s token may only read: %s needs an admin token", role, needsAdmin(r)))
 				return
 			case h.cfg.Kube != nil:
 				user, allowed, err := h.cfg.Kube.Review(r.Context(), token, verb, h.failures)
@@ -328,6 +333,15 @@ func (h *handler) authorize(need Role, verb string) func(http.Handler) http.Hand
 			next.ServeHTTP(w, r)
 		})
 	}
+}
+
+// needsAdmin names, for a refusal, what the caller tried in the words of
+// the CLI that sends it, not the authorization verb the check used.
+func needsAdmin(r *http.Request) string {
+	if r.Method == http.MethodPost && r.URL.Path == "/v1/passes" {
+		return "forcing a pass"
+	}
+	return r.Method + " " + r.URL.Path
 }
 
 func unauthorized(w http.ResponseWriter, r *http.Request) {
@@ -402,13 +416,52 @@ func (h *handler) status(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, r, http.StatusOK, Status{Version: h.cfg.Version, Node: h.cfg.Node, Status: h.b.Health.Status(r.Context())})
 }
 
+// tapStates are the states ?state= may name, most protected first.
+var tapStates = []nodeview.TapState{nodeview.StateHeld, nodeview.StateLive, nodeview.StateUnstamped,
+	nodeview.StateCandidate, nodeview.StateConfirmed, nodeview.StateStale}
+
+// taps is GET /v1/taps: every tap, or with ?state= and ?vpc= only those
+// in that state and VPC (base62, as the VPC column shows it).
 func (h *handler) taps(w http.ResponseWriter, r *http.Request) {
+	state, vpc := nodeview.TapState(r.URL.Query().Get("state")), r.URL.Query().Get("vpc")
+	if state != "" && !slices.Contains(tapStates, state) {
+		names := make([]string, len(tapStates))
+		for i, s := range tapStates {
+			names[i] = string(s)
+		}
+		writeError(w, r, http.StatusBadRequest, fmt.Sprintf("state %q: want one of %s", state, strings.Join(names, ", ")))
+		return
+	}
 	taps, err := h.b.Taps.Taps(r.Context())
 	if err != nil {
 		writeError(w, r, http.StatusInternalServerError, err.Error())
 		return
 	}
+	taps = slices.DeleteFunc(taps, func(v nodeview.TapView) bool {
+		return (state != "" && v.State != state) || (vpc != "" && v.VPC != vpc)
+	})
 	writeJSON(w, r, http.StatusOK, tapRows(taps))
+}
+
+// tap is GET /v1/taps/{name}: one tap, as kubectl get KIND NAME answers:
+// the object itself as JSON, a one-row table as text, 404 when none.
+func (h *handler) tap(w http.ResponseWriter, r *http.Request) {
+	name := chi.URLParam(r, "name")
+	taps, err := h.b.Taps.Taps(r.Context())
+	if err != nil {
+		writeError(w, r, http.StatusInternalServerError, err.Error())
+		return
+	}
+	i := slices.IndexFunc(taps, func(v nodeview.TapView) bool { return v.Name == name })
+	if i < 0 {
+		writeError(w, r, http.StatusNotFound, fmt.Sprintf("tap %q not found", name))
+		return
+	}
+	if wantsText(r) {
+		writeJSON(w, r, http.StatusOK, tapRows(taps[i:i+1]))
+		return
+	}
+	writeJSON(w, r, http.StatusOK, taps[i])
 }
 
 func (h *handler) pending(w http.ResponseWriter, r *http.Request) {
@@ -524,7 +577,7 @@ func (h *handler) mapRows(w http.ResponseWriter, r *http.Request) {
 	rows, err := h.b.EBPF.MapRows(chi.URLParam(r, "name"), ifindex, limit)
 	switch {
 	case errors.Is(err, datapath.ErrUnknownMap):
-		writeError(w, r, http.StatusNotFound, err.Error())
+		writeError(w, r, http.StatusNotFound, h.unknownMap(r, err))
 	case errors.Is(err, nodeview.ErrNotKeyedByInterface):
 		writeError(w, r, http.StatusBadRequest, err.Error())
 	case err != nil:
@@ -532,6 +585,20 @@ func (h *handler) mapRows(w http.ResponseWriter, r *http.Request) {
 	default:
 		writeJSON(w, r, http.StatusOK, rowRows(rows))
 	}
+}
+
+// unknownMap says err, a map not found, with the names of the maps there
+// are, as the operator who misspelt one needs next.
+func (h *handler) unknownMap(r *http.Request, err error) string {
+	maps, lerr := h.b.EBPF.Maps(r.Context())
+	if lerr != nil || len(maps) == 0 {
+		return err.Error()
+	}
+	names := make([]string, len(maps))
+	for i, m := range maps {
+		names[i] = m.Name
+	}
+	return fmt.Sprintf("%v; the maps are %s", err, strings.Join(names, ", "))
 }
 
 func (h *handler) interfaceRows(w http.ResponseWriter, r *http.Request) {
@@ -543,6 +610,13 @@ func (h *handler) interfaceRows(w http.ResponseWriter, r *http.Request) {
 	rows, err := h.b.EBPF.InterfaceRows(ifindex)
 	if err != nil {
 		writeError(w, r, http.StatusInternalServerError, err.Error())
+		return
+	}
+	// An interface with no program and no row is none the datapath knows
+	// (most often no interface at all): NotFound, as kubectl says of a
+	// name it cannot find, rather than an empty answer that reads as fine.
+	if !rows.Attached && len(rows.Rows) == 0 {
+		writeError(w, r, http.StatusNotFound, fmt.Sprintf("interface %d not found: no program is attached to it and no map has a row of it (galactic-node taps lists the tenant taps)", ifindex))
 		return
 	}
 	writeJSON(w, r, http.StatusOK, rows)
@@ -667,7 +741,7 @@ func writeJSON(w http.ResponseWriter, r *http.Request, status int, v any) {
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetIndent("", "  ")
-	_ = enc.Encode(v)
+	_ = enc.Encode(withEmptyLists(v))
 	// curl prints JSON to a terminal too.
 	_, _ = w.Write(escapeJSON(buf.Bytes()))
 }

@@ -140,16 +140,16 @@ func TestConventionUsageErrorIsOneLineAndAHintExitTwo(t *testing.T) {
 		want string // the first line
 		help string
 	}{
-		{binary, []string{"run", "--intervall", "1m"}, "galactic-node: unknown flag --intervall", "galactic-node run --help"},
-		{binary, []string{"run", "--interval", "soon"}, `galactic-node: invalid value "soon" for flag --interval`, "galactic-node run --help"},
-		{binary, []string{"install-cni", "--bogus"}, "galactic-node: unknown flag --bogus", "galactic-node install-cni --help"},
-		{binary, []string{"tap", "add", "--bogus"}, "galactic-node: unknown flag --bogus", "galactic-node tap add --help"},
-		{binary, []string{"tap", "rename"}, `galactic-node: tap "rename": want add, del or hold`, "galactic-node tap --help"},
-		{binary, []string{"frobnicate"}, `galactic-node: unknown command "frobnicate"`, "galactic-node --help"},
-		{binary, nil, "galactic-node: no command given", "galactic-node --help"},
-		{hubctlBin(t), []string{"--workerz", "3"}, "galactic-hubctl: unknown flag --workerz", "galactic-hubctl --help"},
-		{hubctlBin(t), []string{"stray"}, `galactic-hubctl: unexpected argument "stray"`, "galactic-hubctl --help"},
-		{tapPlugin, []string{"--bogus"}, `galactic-tap: unknown argument "--bogus"`, "galactic-tap --help"},
+		{binary, []string{"run", "--intervall", "1m"}, "error: unknown flag --intervall", "galactic-node run --help"},
+		{binary, []string{"run", "--interval", "soon"}, `error: invalid value "soon" for flag --interval`, "galactic-node run --help"},
+		{binary, []string{"install-cni", "--bogus"}, "error: unknown flag --bogus", "galactic-node install-cni --help"},
+		{binary, []string{"tap", "add", "--bogus"}, "error: unknown flag --bogus", "galactic-node tap add --help"},
+		{binary, []string{"tap", "rename"}, `error: tap "rename": want add, del or hold`, "galactic-node tap --help"},
+		{binary, []string{"frobnicate"}, `error: unknown command "frobnicate"`, "galactic-node --help"},
+		{binary, nil, "error: no command given", "galactic-node --help"},
+		{hubctlBin(t), []string{"--workerz", "3"}, "error: unknown flag --workerz", "galactic-hubctl --help"},
+		{hubctlBin(t), []string{"stray"}, `error: unexpected argument "stray"`, "galactic-hubctl --help"},
+		{tapPlugin, []string{"--bogus"}, `error: unknown argument "--bogus"`, "galactic-tap --help"},
 	} {
 		r := runBin(t, tc.bin, nil, tc.args...)
 		want := tc.want + "\nRun '" + tc.help + "' for usage.\n"
@@ -400,4 +400,64 @@ current-context: c
 	if clientGo == 0 {
 		t.Errorf("nothing but the daemon's own lines against an unreachable API server:\n%s", log)
 	}
+}
+
+// The Conventions rows on per-command help, NotFound, empty results and
+// the JSON schema, on each binary they apply to; integration/cli_scripts_test.go
+// checks every client command in depth.
+func TestConventionPerCommandHelpNotFoundEmptyAndJSON(t *testing.T) {
+	// Per-command help: each command's own flags, and not another's.
+	for _, tc := range []struct {
+		args       []string
+		has, lacks []string
+	}{
+		{[]string{"run", "--help"}, []string{"-interval ", "-mass-removal-release-after duration"}, []string{"-socket", "-cni-bin-dir"}},
+		{[]string{"install-cni", "--help"}, []string{"-cni-bin-dir"}, []string{"-socket", "-interval "}},
+		{[]string{"tap", "--help"}, []string{"-attachment"}, []string{"-socket", "-interval "}},
+		{[]string{"taps", "--help"}, []string{"-socket", "-state", "-vpc"}, []string{"-limit", "-dry-run", "-interval "}},
+		{[]string{"passes", "--help"}, []string{"-socket", "-limit"}, []string{"-state", "-dry-run"}},
+		{[]string{"pass", "--help"}, []string{"-dry-run", "-allow-mass-removal"}, []string{"-limit", "-state"}},
+		{[]string{"help", "maps"}, []string{"-ifindex", "-limit"}, []string{"-dry-run"}},
+	} {
+		r := runBin(t, binary, nil, tc.args...)
+		if r.code != 0 || r.stderr != "" {
+			t.Errorf("galactic-node %v: exit %d, stderr %q", tc.args, r.code, r.stderr)
+		}
+		for _, f := range tc.has {
+			if !strings.Contains(r.stdout, "  "+f) {
+				t.Errorf("galactic-node %v lists no %s", tc.args, f)
+			}
+		}
+		for _, f := range tc.lacks {
+			if strings.Contains(r.stdout, "  "+f) {
+				t.Errorf("galactic-node %v lists %s, another command's flag", tc.args, f)
+			}
+		}
+	}
+	// hubctl has one command and no -o; the tap plugin has no flags.
+	if r := runBin(t, hubctlBin(t), nil, "-o", "json"); r.code != 2 || !strings.HasPrefix(r.stderr, "error: unknown flag") {
+		t.Errorf("galactic-hubctl -o json: exit %d, %q; the JSON row does not apply, so -o is an unknown flag", r.code, r.stderr)
+	}
+	if r := runBin(t, tapPlugin, nil, "-o", "json"); r.code != 2 || !strings.HasPrefix(r.stderr, "error: ") {
+		t.Errorf("galactic-tap -o json: exit %d, %q; it takes no flags", r.code, r.stderr)
+	}
+
+	// NotFound, empty results and the JSON schema on a running daemon.
+	s := newCLIScene(t)
+	if code, out, errOut := s.run(t, 0, nil, "taps", "G00000000zzzzH"); code != 1 || out != "" || errOut != "error: tap \"G00000000zzzzH\" not found\n" {
+		t.Errorf("taps NOSUCH: exit %d, %q %q; want 1 and NotFound", code, out, errOut)
+	}
+	if code, out, errOut := s.run(t, 0, nil, "pending"); code != 0 || out != "" || errOut != "No resources found\n" {
+		t.Errorf("pending, none: exit %d, %q %q; want 0 and No resources found", code, out, errOut)
+	}
+	code, out, _ := s.run(t, 0, nil, "passes", "-o", "json")
+	var v any
+	if err := json.Unmarshal([]byte(out), &v); code != 0 || err != nil || strings.Join(strings.Fields(out), "") != `{"items":[]}` {
+		t.Errorf("passes -o json, none yet: exit %d, %v, %q; want {\"items\": []}", code, err, out)
+	}
+	code, out, _ = s.run(t, 0, nil, "taps", "-o", "json")
+	if err := json.Unmarshal([]byte(out), &v); code != 0 || err != nil {
+		t.Fatalf("taps -o json: exit %d, %v", code, err)
+	}
+	checkSchema(t, "taps -o json", "", v)
 }

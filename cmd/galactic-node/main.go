@@ -6,6 +6,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -56,7 +57,7 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 		}
 		fmt.Fprintln(stdout, usage)
 	default:
-		if clientCommands[args[0]] {
+		if _, ok := clientCommands[args[0]]; ok {
 			return runClient(ctx, args[0], args[1:], stdout, stderr)
 		}
 		err = cli.Misuse(prog, fmt.Errorf("unknown command %q", args[0]))
@@ -70,7 +71,11 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 // sibling command is not a mistake.
 func knownEnv() map[string]bool {
 	var c installCNIFlags
-	return envflag.Names(daemonFlagSet(&daemonFlags{}), installCNIFlagSet(&c), tapFlagSet("add", &tapFlags{}), clientFlagSet("pass", &clientOpts{}), clientFlagSet("maps", &clientOpts{}))
+	sets := []*flag.FlagSet{daemonFlagSet(&daemonFlags{}), installCNIFlagSet(&c), tapFlagSet("add", &tapFlags{})}
+	for cmd := range clientCommands {
+		sets = append(sets, clientFlagSet(cmd, &clientOpts{}))
+	}
+	return envflag.Names(sets...)
 }
 
 const usage = `usage: galactic-node <command> [flags]
@@ -79,8 +84,15 @@ commands:
   run          run the node daemon
   install-cni  install the CNI plugin (and the network's conflist where asked) on the host, atomically
   tap          add or delete a tenant tap as CNI ADD/DEL would, for labs and the demo
-  status, taps, pending, passes, pass [--dry-run], maps [NAME], rows IFINDEX
-               talk to the running daemon over its admin socket
+  status       the daemon's readiness, passes, brake, inventory and map fill
+  taps [NAME]  the tenant taps and their state (--state, --vpc), or one tap
+  pending      the candidates waiting for a confirming pass
+  passes       recent pass reports, newest first
+  pass         force a pass now (--dry-run, --allow-mass-removal)
+  maps [NAME]  the eBPF maps, or one map's rows
+  rows IFINDEX the eBPF rows of one interface
+  drops        sampled records of dropped frames (--follow)
+               (these talk to the running daemon over its admin socket)
   version      print the version (also --version)
   help         print this (also -h, --help); galactic-node <command> --help for a command's flags
 

@@ -107,21 +107,38 @@ func PrintUsage(w io.Writer, fs *flag.FlagSet, synopsis string) {
 	fmt.Fprintf(w, "\nEvery flag can also be set as %s<FLAG> (upper case, dashes as underscores).\n", envflag.Prefix)
 }
 
-// Exit reports err on stderr, prefixed with prog, and returns the exit
-// code: 0 for none (or flag.ErrHelp: help was asked for and printed), 2 for
-// a usage mistake, which also gets the hint of how to see the usage, and 1
-// for anything else.
-func Exit(stderr io.Writer, prog string, err error) int {
+// ExitError is an error with an exit code of its own, for commands that
+// tell scripts more than failed (the admin client: 3 refused, 4 not done,
+// 5 retry later).
+type ExitError struct {
+	Code int
+	Err  error
+}
+
+func (e *ExitError) Error() string { return e.Err.Error() }
+func (e *ExitError) Unwrap() error { return e.Err }
+
+// Exit reports err on stderr as "error: …", kubectl's one prefix for every
+// error, and returns the exit code: 0 for none (or flag.ErrHelp: help was
+// asked for and printed), 2 for a usage mistake, which also gets the hint
+// of how to see the usage, an *ExitError's code, and 1 for anything else.
+// The program's name is not in the line: the hint names the binary, and kubectl's form is
+// what operators' scripts and eyes already know.
+func Exit(stderr io.Writer, _ string, err error) int {
 	if err == nil || errors.Is(err, flag.ErrHelp) {
 		return 0
 	}
 	// One line, whatever the error: joined errors hold newlines.
 	msg := strings.ReplaceAll(strings.TrimSpace(err.Error()), "\n", "; ")
-	fmt.Fprintf(stderr, "%s: %s\n", prog, msg)
+	fmt.Fprintf(stderr, "error: %s\n", msg)
 	var u *UsageError
 	if errors.As(err, &u) {
 		fmt.Fprintf(stderr, "Run '%s' for usage.\n", u.Help)
 		return 2
+	}
+	var e *ExitError
+	if errors.As(err, &e) {
+		return e.Code
 	}
 	return 1
 }

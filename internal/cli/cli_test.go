@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"flag"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -38,12 +39,12 @@ func TestAMistakeIsOneLineAndAHintAndExitsTwo(t *testing.T) {
 		environ []string
 		want    string
 	}{
-		{[]string{"--intervall=1m"}, nil, "prog: unknown flag --intervall"},
-		{[]string{"--interval=soon"}, nil, `prog: invalid value "soon" for flag --interval`},
-		{[]string{"--interval"}, nil, "prog: flag needs a value: --interval"},
-		{[]string{"stray"}, nil, `prog: unexpected argument "stray"`},
-		{nil, []string{"GALACTIC_INTERVALL=1m"}, "prog: unknown environment variable GALACTIC_INTERVALL (did you mean GALACTIC_INTERVAL?)"},
-		{nil, []string{"GALACTIC_INTERVAL=soon"}, "prog: GALACTIC_INTERVAL: parse error"},
+		{[]string{"--intervall=1m"}, nil, "error: unknown flag --intervall"},
+		{[]string{"--interval=soon"}, nil, `error: invalid value "soon" for flag --interval`},
+		{[]string{"--interval"}, nil, "error: flag needs a value: --interval"},
+		{[]string{"stray"}, nil, `error: unexpected argument "stray"`},
+		{nil, []string{"GALACTIC_INTERVALL=1m"}, "error: unknown environment variable GALACTIC_INTERVALL (did you mean GALACTIC_INTERVAL?)"},
+		{nil, []string{"GALACTIC_INTERVAL=soon"}, "error: GALACTIC_INTERVAL: parse error"},
 	} {
 		fs, _ := newFlags()
 		var stdout, stderr bytes.Buffer
@@ -70,7 +71,15 @@ func TestTheEnvironmentSetsWhatTheCommandLineDoesNot(t *testing.T) {
 
 func TestOtherErrorsExitOne(t *testing.T) {
 	var stderr bytes.Buffer
-	if code := Exit(&stderr, "prog", errors.Join(errors.New("open x: denied"), errors.New("and more"))); code != 1 || stderr.String() != "prog: open x: denied; and more\n" {
+	if code := Exit(&stderr, "prog", errors.Join(errors.New("open x: denied"), errors.New("and more"))); code != 1 || stderr.String() != "error: open x: denied; and more\n" {
+		t.Errorf("exit %d, stderr %q", code, stderr.String())
+	}
+}
+
+// An *ExitError keeps its own code, under the same one-line form.
+func TestAnExitErrorKeepsItsCode(t *testing.T) {
+	var stderr bytes.Buffer
+	if code := Exit(&stderr, "prog", fmt.Errorf("pass: %w", &ExitError{Code: 4, Err: errors.New("braked")})); code != 4 || stderr.String() != "error: pass: braked\n" {
 		t.Errorf("exit %d, stderr %q", code, stderr.String())
 	}
 }

@@ -50,10 +50,13 @@ type VPC uint64
 // Attachment is an attachment identifier within a VPC.
 type Attachment uint16
 
-// Identity is the (VPC, attachment) pair a tenant tap serves.
+// Identity is the (VPC, attachment) pair a tenant tap serves. Its JSON
+// keys are lower-camel like every other key the admin API writes; decoding
+// matches keys case-insensitively, so JSON written before (VPC, Attachment)
+// still reads.
 type Identity struct {
-	VPC        VPC
-	Attachment Attachment
+	VPC        VPC        `json:"vpc"`
+	Attachment Attachment `json:"attachment"`
 }
 
 // Valid reports whether v is a usable VPC identifier: non-zero and 48 bits.

@@ -110,9 +110,11 @@ const (
 
 // TapView is one tenant tap as an operator sees it.
 type TapView struct {
-	Name       string            `json:"name"`
-	Ifindex    uint32            `json:"ifindex"`
-	Identity   identity.Identity `json:"identity"`
+	Name    string `json:"name"`
+	Ifindex uint32 `json:"ifindex"`
+	// Identity is VPC and Attachment as numbers; the JSON says them once,
+	// in the base62 form cluster objects carry.
+	Identity   identity.Identity `json:"-"`
 	VPC        string            `json:"vpc"`
 	Attachment string            `json:"attachment"`
 	Owner      string            `json:"owner"`
