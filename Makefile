@@ -136,7 +136,7 @@ monitoring:
 # -short skips what needs parts an earlier target builds (the images and
 # their digests, `make images`) or builds them itself (the images, the
 # plugin at its shipped size): test-unit runs on a fresh clone, as any
-# user, with nothing built before it (integration/fresh_test.go checks).
+# user, with nothing built before it (integration/freshclone checks).
 # The timeouts, here and above, are several times a run's length on two
 # loaded cores, so that only a hang reaches them.
 test-unit:

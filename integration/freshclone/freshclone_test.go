@@ -1,4 +1,7 @@
-package integration
+// Package freshclone runs make test-unit as a newcomer would. A package of
+// its own: make test's go test bounds each package's run (-timeout), and a
+// fresh clone's compile takes minutes the integration package's tests need.
+package freshclone
 
 import (
 	"context"
@@ -45,10 +48,10 @@ func TestMakeTestUnitPassesOnAFreshCloneAsAnotherUser(t *testing.T) {
 		t.Fatal(err)
 	}
 	src, home, mod := filepath.Join(dir, "src"), filepath.Join(dir, "home"), filepath.Join(dir, "mod")
-	head := strings.TrimSpace(nettest.Run(t, "git", "-C", "..", "rev-parse", "HEAD"))
+	head := strings.TrimSpace(nettest.Run(t, "git", "-C", "../..", "rev-parse", "HEAD"))
 	// --no-local: a local clone hard-links the objects, and the chown
 	// below would then change the source repository's files too.
-	nettest.Run(t, "git", "clone", "--quiet", "--no-local", "--no-checkout", "..", src)
+	nettest.Run(t, "git", "clone", "--quiet", "--no-local", "--no-checkout", "../..", src)
 	nettest.Run(t, "git", "-C", src, "checkout", "--quiet", "--detach", head)
 	for _, d := range []string{home, mod, freshCloneCache} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
@@ -66,7 +69,7 @@ mount --bind "$1" "$2"
 mount -o remount,bind,ro "$2"
 shift 2
 exec "$@"`
-	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 28*time.Minute) // within make test's -timeout 30m
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", gomodcache, mod,
 		"setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "make", "-C", src, "test-unit")
