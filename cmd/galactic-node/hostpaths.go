@@ -44,21 +44,21 @@ func hostPathFlags(f *daemonFlags) []struct{ flag, value, def string } {
 // tell (PID 1's namespace unreadable, and no kthreadd), and the caller
 // says so.
 func refuseHostDefaultsOffHost(f *daemonFlags) (ok bool, err error) {
-	self, err := os.Stat("/proc/self/ns/net")
-	if err != nil {
+	self, known := readable("/proc/self/ns/net")
+	if !known {
 		return false, nil
 	}
-	host, err := os.Stat("/proc/1/ns/net")
-	if err != nil {
+	host, known := readable("/proc/1/ns/net")
+	if !known {
 		// Where PID 1 is out of reach (a sandbox's init that even root may
 		// not inspect), the kernel's thread parent is in the initial
 		// namespace; in a PID namespace of its own, PID 2 is another
 		// process, which its name tells apart.
-		comm, cerr := os.ReadFile("/proc/2/comm")
-		if cerr != nil || strings.TrimSpace(string(comm)) != "kthreadd" {
+		comm, _ := os.ReadFile("/proc/2/comm")
+		if strings.TrimSpace(string(comm)) != "kthreadd" {
 			return false, nil
 		}
-		if host, err = os.Stat("/proc/2/ns/net"); err != nil {
+		if host, known = readable("/proc/2/ns/net"); !known {
 			return false, nil
 		}
 	}
@@ -75,4 +75,11 @@ func refuseHostDefaultsOffHost(f *daemonFlags) (ok bool, err error) {
 		return true, nil
 	}
 	return true, fmt.Errorf("this network namespace is not the host's (/proc/self/ns/net is not /proc/1/ns/net), and these flags are at their defaults, host paths another daemon owns: %s; give each a path of its own (empty disables --layout-record, --cni-data-dir, --admin-socket and --brake-memory)", strings.Join(at, ", "))
+}
+
+// readable stats a namespace file; false when it cannot be read, which
+// only means the daemon cannot tell.
+func readable(path string) (os.FileInfo, bool) {
+	fi, err := os.Stat(path)
+	return fi, err == nil
 }
