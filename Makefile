@@ -133,8 +133,14 @@ alert-test:
 monitoring:
 	hack/monitoring.sh
 
+# -short skips what needs parts an earlier target builds (the images and
+# their digests, `make images`) or builds them itself (the images, the
+# plugin at its shipped size): test-unit runs on a fresh clone, as any
+# user, with nothing built before it (integration/freshclone checks).
+# The timeouts, here and above, are several times a run's length on two
+# loaded cores, so that only a hang reaches them.
 test-unit:
-	GALACTICTEST_SKIP_PRIVILEGED=1 $(GO) test -count=1 $(TESTPKGS)
+	GALACTICTEST_SKIP_PRIVILEGED=1 $(GO) test -short -count=1 -timeout 20m $(TESTPKGS)
 
 # Each fuzz target runs a bounded number of executions on top of its
 # committed corpus (testdata/fuzz). FUZZTARGETS: "<target> <package> <execs>".
@@ -147,7 +153,7 @@ FUZZTARGETS := \
 fuzz:
 	@for t in $(FUZZTARGETS); do set -- $$t; \
 		echo "fuzz $$1 ($$2, $$3)"; \
-		$(GO) test -run='^$$' -fuzz="^$$1\$$" -fuzztime=$$3 $$2 || exit 1; \
+		$(GO) test -run='^$$' -fuzz="^$$1\$$" -fuzztime=$$3 -timeout 20m $$2 || exit 1; \
 	done
 
 # Every benchmark, as root; writes bench/RESULTS.md.

@@ -42,12 +42,20 @@ step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 in_ns() { ip netns exec "$ns" "$@"; }
 fail() { echo "demo: $*" >&2; exit 1; }
 
-step "a private network namespace ($ns), a private bpffs, lock and socket folders in $work"
+step "a private network namespace ($ns), and in $work a private bpffs and every file the daemon writes"
 ip netns add "$ns"
 in_ns ip link set lo up
 mkdir -p "$work/bpffs" "$work/locks"
 mount -t bpf bpffs "$work/bpffs"
 common=(--bpffs "$work/bpffs" --vrf-lock-dir "$work/locks")
+# Every path galactic-node run writes, kept in $work: at their defaults the
+# daemon would record the demo's pin layout in the host's /run/galactic,
+# collect records in the host's /var/lib/cni and keep its brake in
+# /var/lib/galactic (and, run outside the host's network namespace with a
+# default, it refuses to start). integration/demo_test.go checks the host
+# is left as it was.
+private=(--layout-record "$work/datapath-layout" --cni-data-dir "$work/cni-data" --brake-memory "$work/brake.json"
+	--admin-socket "$work/admin.sock")
 
 # Names carry the identity in base62 (0-9, a-z, A-Z): the VPC is a 48-bit
 # number written in 9 digits, the attachment a 16-bit one in 3.
@@ -91,7 +99,7 @@ read_token=$(head -c 24 /dev/urandom | base64 | tr -d '/+=')
 # production) before a pass may remove it; the demo waits 3 s instead.
 step "galactic-node run, passes only when forced (--interval 0), candidates eligible after 3 s"
 ip netns exec "$ns" "$bin" run --node-name demo --inventory-file "$work/inventory.yaml" --interval 0 --min-candidate-age 3s "${common[@]}" \
-	--admin-socket "$work/admin.sock" --admin-token-file "$work/tokens" \
+	"${private[@]}" --admin-token-file "$work/tokens" \
 	--metrics-listen 127.0.0.1:9180 --log-format text >"$work/daemon.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 100); do [ -S "$work/admin.sock" ] && break; sleep 0.1; done
@@ -131,9 +139,17 @@ step "its eBPF rows are gone"
 api GET "/v1/ebpf/interfaces/$stale_ifindex"
 [[ "$(json "/v1/ebpf/interfaces/$stale_ifindex")" == *'"rows": {}'* ]] || fail "rows of the reclaimed tap remain"
 
-step "a read token cannot force a pass (403), no token gets 401"
-curl -s -o /dev/null -w '%{http_code}\n' --unix-socket "$work/admin.sock" -X POST -H "Authorization: Bearer $read_token" http://node/v1/passes
-curl -s -o /dev/null -w '%{http_code}\n' --unix-socket "$work/admin.sock" http://node/v1/taps
+step "a read token cannot force a pass (403), an unknown token is refused (401), and with no token the caller's uid decides: root is admin (200)"
+status() { # status WANT WHAT CURL-ARGS...: prints the code, fails the demo on another
+	local want=$1 what=$2 got
+	shift 2
+	got=$(curl -s -o /dev/null -w '%{http_code}' --unix-socket "$work/admin.sock" "$@")
+	printf '  %s  %s\n' "$got" "$what"
+	[ "$got" = "$want" ] || fail "$what: HTTP $got, want $want"
+}
+status 403 "POST /v1/passes with the read token" -X POST -H "Authorization: Bearer $read_token" http://node/v1/passes
+status 401 "GET /v1/taps with an unknown token" -H "Authorization: Bearer not-a-token" http://node/v1/taps
+status 200 "GET /v1/taps as root with no token" http://node/v1/taps
 
 step "metrics (curl 127.0.0.1:9180/metrics inside the namespace)"
 # Fetched once into a file: piping curl into grep -q can cut curl off

@@ -150,13 +150,22 @@ func (n *node) startFor(tb testing.TB, extra ...string) (*exec.Cmd, *bytes.Buffe
 }
 
 // withOwnBrakeMemory gives a daemon of this build the node's own brake
-// memory file unless args name one: at the default, every test's daemon
-// would share the host's, and one test's brake would hold in the next.
+// memory file, layout record and CNI records folder unless args name them:
+// at the defaults, every test's daemon would share the host's, one test's
+// brake would hold in the next, and the daemon refuses them outside the
+// host's network namespace.
 func withOwnBrakeMemory(n *node, args []string) []string {
-	if slices.Contains(args, "--brake-memory") || slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "--brake-memory=") }) {
-		return args
+	args = slices.Clone(args)
+	for _, p := range []struct{ flag, path string }{
+		{"--brake-memory", filepath.Join(n.dir, "brake.json")},
+		{"--layout-record", filepath.Join(n.dir, "datapath-layout")},
+		{"--cni-data-dir", filepath.Join(n.dir, "cni-data")},
+	} {
+		if !slices.Contains(args, p.flag) && !slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, p.flag+"=") }) {
+			args = append(args, p.flag, p.path)
+		}
 	}
-	return append(slices.Clone(args), "--brake-memory", filepath.Join(n.dir, "brake.json"))
+	return args
 }
 
 func (n *node) client() *http.Client {

@@ -96,13 +96,13 @@ func daemonFlagSet(f *daemonFlags) *flag.FlagSet {
 	fs.IntVar(&f.largeInventory, "large-inventory-threshold", reclaim.DefaultLargeInventory, "identities at the inventory's peak from which the shrink rule holds any removal; below it, a cluster is small and the rule holds only --mass-removal-min taps or more at once (the node lifecycle controller's --large-cluster-size-threshold)")
 	fs.StringVar(&f.brakeMemory, "brake-memory", brakefile.DefaultPath, "file keeping the mass-removal brake's state (engaged, why, since, the inventory's peak, what a release accepted) across restarts; an unreadable one is moved aside and the brake starts engaged (empty: kept in the daemon only, released by a restart)")
 	fs.BoolVar(&f.events, "events", true, "record Kubernetes Events about this node (a tap reclaimed or not, the mass-removal brake); needs a cluster")
-	fs.StringVar(&f.bpffs, "bpffs", "/sys/fs/bpf", "bpf filesystem; maps are pinned under <bpffs>/galactic")
+	fs.StringVar(&f.bpffs, "bpffs", defaultBPFFS, "bpf filesystem; maps are pinned under <bpffs>/galactic")
 	fs.StringVar(&f.layoutRecord, "layout-record", datapath.DefaultLayoutRecord, "where to record the pinned maps' layout once opened, which install-cni checks a new plugin against (empty: none)")
 	fs.StringVar(&f.vrfLockDir, "vrf-lock-dir", vrf.DefaultDir, "folder of the per-VRF lock files shared with the CNI plugin")
 	fs.StringVar(&f.cniCacheDirs, "cni-cache-dirs", strings.Join(cnicache.DefaultDirs(), ","),
 		"libcni's cache folders (the runtime's, Multus'), comma-separated: a tap an older build made is bound to the MAC and addresses its cached ADD gave it (empty: taps of older builds stay unbound until their next ADD)")
 	fs.StringVar(&f.cniDataDir, "cni-data-dir", cnitap.DefaultDataDir, "the CNI plugin's records; each interval the daemon removes those whose tap is gone, which a removed network's GC never would (empty disables)")
-	fs.StringVar(&f.adminSocket, "admin-socket", "/run/galactic/admin.sock", "admin API unix socket, mode 0600, in a folder only its owner may write (empty disables)")
+	fs.StringVar(&f.adminSocket, "admin-socket", defaultAdminSocket, "admin API unix socket, mode 0600, in a folder only its owner may write (empty disables)")
 	fs.StringVar(&f.adminListen, "admin-listen", "", "admin API TCP address; TLS required unless loopback")
 	fs.StringVar(&f.adminTLSCert, "admin-tls-cert", "", "TLS certificate for --admin-listen")
 	fs.StringVar(&f.adminTLSKey, "admin-tls-key", "", "TLS key for --admin-listen")
@@ -302,6 +302,11 @@ func runDaemon(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 		return cli.Misuse("galactic-node run", err)
 	}
 	log = log.With("node", f.nodeName)
+	if known, err := refuseHostDefaultsOffHost(f); err != nil {
+		return cli.Misuse("galactic-node run", err)
+	} else if !known {
+		log.Warn("cannot tell whether this network namespace is the host's (/proc/1/ns/net unreadable): the default host paths are not checked")
+	}
 	klogroute.Into(log)
 	log.Info("galactic-node starting", "version", buildinfo.Version(version), "interval", f.interval, "min_candidate_age", f.minCandidateAge, "dry_run", f.dryRun,
 		"max_reclaims_per_pass", f.maxReclaims, "bpffs", f.bpffs, "inventory_file", f.inventoryFile, "gc_percent", setGCPercent(environ),

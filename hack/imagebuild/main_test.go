@@ -27,6 +27,11 @@ const testVersion = "imagebuild-test"
 // binaries and nothing else, a non-root hub controller, archives that an
 // OCI layout reader loads.
 func TestMakeImages(t *testing.T) {
+	// Two image builds take minutes on loaded cores: make test runs them,
+	// make test-unit (-short) stays quick.
+	if testing.Short() {
+		t.Skip("builds the images twice")
+	}
 	for _, tool := range []string{"make", "git"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			if os.Getenv("CI") != "" {
