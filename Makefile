@@ -11,10 +11,10 @@ GO              ?= go
 FUZZTIME        ?= 300000x
 PKGS            := ./...
 # e2e runs on a node of its own (make e2e), after the rest.
-TESTPKGS        = $(shell $(GO) list ./... | grep -v /e2e$$)
+TESTPKGS        = $(shell $(GO) list ./... | grep -v -e /e2e$$ -e /integration/freshclone$$)
 VERSION         ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: demo all build images pin-images test test-unit test-privileged testbin e2e e2e-run e2ebin fuzz bench bench-fleet lint fmt-check vet generate
+.PHONY: demo all build images pin-images test test-unit test-fresh-clone test-privileged testbin e2e e2e-run e2ebin fuzz bench bench-fleet lint fmt-check vet generate
 
 all: build
 
@@ -88,7 +88,15 @@ demo: build
 # kubelets and the daemon's passes; each one's output is printed whole
 # when it ends.
 test: fmt-check vet alert-test test-privileged testbin e2ebin images
-	@$(MAKE) --no-print-directory -j2 --output-sync=target fuzz e2e-run
+	@$(MAKE) --no-print-directory -j3 --output-sync=target fuzz e2e-run test-fresh-clone
+
+# make test-unit on a fresh clone, as a user that is not root
+# (integration/freshclone): it compiles the whole tree from nothing, the
+# longest single step of make test, so it runs beside the e2e, which
+# mostly waits, with a bound of its own.
+test-fresh-clone:
+	@if [ "$$(id -u)" != 0 ]; then echo "make test-fresh-clone changes users: run it as root"; exit 1; fi
+	$(GO) test -count=1 -timeout 50m ./integration/freshclone
 
 # The real kube-apiserver and etcd, built once per machine (hack/testbin.sh).
 testbin:

@@ -1,6 +1,7 @@
 // Package freshclone runs make test-unit as a newcomer would. A package of
-// its own: make test's go test bounds each package's run (-timeout), and a
-// fresh clone's compile takes minutes the integration package's tests need.
+// its own, run by make test-fresh-clone rather than with the others: a
+// fresh clone's compile takes many minutes on two cores, which would
+// compete with the packages run in parallel and eat their -timeout.
 package freshclone
 
 import (
@@ -69,7 +70,13 @@ mount --bind "$1" "$2"
 mount -o remount,bind,ro "$2"
 shift 2
 exec "$@"`
-	ctx, cancel := context.WithTimeout(context.Background(), 28*time.Minute) // within make test's -timeout 30m
+	// Within the go test's own -timeout (make test-fresh-clone's), with
+	// room to report what the run printed.
+	limit := 45 * time.Minute
+	if d, ok := t.Deadline(); ok {
+		limit = time.Until(d) - time.Minute
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", gomodcache, mod,
 		"setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "make", "-C", src, "test-unit")
