@@ -366,13 +366,7 @@ func notDone(rep Report, pending int, braked bool) []string {
 	if rep.Result != ResultCompleted && pending > 0 {
 		out = append(out, fmt.Sprintf("%d pending not forgotten: a real pass now would forget them, and only mark in the next", pending))
 	}
-	first := 0
-	for _, c := range rep.Candidates {
-		if c.Passes == 1 {
-			first++
-		}
-	}
-	if first > 0 {
+	if first := seenOnce(rep.Candidates, func(c CandidateReport) int { return c.Passes }); first > 0 {
 		out = append(out, fmt.Sprintf("%d seen once: a real pass now would start their confirmation", first))
 	}
 	if n := len(rep.WouldReclaim); n > 0 {
@@ -384,19 +378,25 @@ func notDone(rep Report, pending int, braked bool) []string {
 	if b := rep.Brake; b != nil && b.Released != "" {
 		out = append(out, "the brake not released: a real pass now would release it "+b.Released)
 	}
-	first = 0
-	for _, o := range rep.Orphans {
-		if o.Passes == 1 {
-			first++
-		}
-	}
-	if first > 0 {
+	if first := seenOnce(rep.Orphans, func(o OrphanReport) int { return o.Passes }); first > 0 {
 		out = append(out, fmt.Sprintf("%d orphaned interfaces seen once: a real pass now would start their confirmation", first))
 	}
 	if n := len(rep.OrphansWouldClear); n > 0 {
 		out = append(out, fmt.Sprintf("no orphan rows cleared: a real pass now would clear those of %d interfaces", n))
 	}
 	return append(out, "nothing recorded: the next real pass decides as if this dry run had not run")
+}
+
+// seenOnce counts the items that one pass has seen: those a real pass now
+// would start confirming.
+func seenOnce[T any](items []T, passes func(T) int) int {
+	n := 0
+	for _, it := range items {
+		if passes(it) == 1 {
+			n++
+		}
+	}
+	return n
 }
 
 // progress updates the running pass's report, for views.
