@@ -90,13 +90,14 @@ func Load(bpffs string) (*Datapath, error) {
 	if err := spec.LoadAndAssign(&d.objs, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: pinDir}, MapReplacements: state}); err != nil {
 		return nil, fmt.Errorf("load datapath from %s: %w", pinDir, incompatible(err))
 	}
-	d.assignTables(spec)
+	d.assignTables(spec.Maps[datapathMapTapFragments].InnerMap)
 	d.routeEpoch = d.objs.RouteEpoch
 	return d, nil
 }
 
-// assignTables gives each loaded map its typed Table.
-func (d *Datapath) assignTables(spec *ebpf.CollectionSpec) {
+// assignTables gives each loaded map its typed Table; fragments is the
+// layout of tap_fragments' inner maps.
+func (d *Datapath) assignTables(fragments *ebpf.MapSpec) {
 	m := &d.objs.datapathMaps
 	u32 := func(k uint32) (uint32, error) {
 		if k == 0 {
@@ -109,7 +110,7 @@ func (d *Datapath) assignTables(spec *ebpf.CollectionSpec) {
 	u64 := func(v uint64) uint64 { return v }
 	d.IfindexVRF = newTable("ifindex_vrf", m.IfindexVrf, u32, id, VRFBinding.raw, vrfBindingFrom)
 	d.TapRules = newLockedTable("tap_rules", m.TapRules, u32, id, Rules.raw, rulesFrom)
-	d.TapFragments = &FragmentTables{m: m.TapFragments, inner: spec.Maps["tap_fragments"].InnerMap}
+	d.TapFragments = &FragmentTables{m: m.TapFragments, inner: fragments}
 	d.TrafficPolicy = newTable("traffic_policy", m.TrafficPolicy, u32, id, Policy.raw, policyFrom)
 	d.EgressKind = newTable("egress_kind", m.EgressKind, u32, id, EgressKind.raw, func(v uint32) EgressKind { return EgressKind(v) })
 	d.TenantGateway = newTable("tenant_gateway", m.TenantGateway, u32, id, Gateway.raw, gatewayFrom)

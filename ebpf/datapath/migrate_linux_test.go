@@ -50,7 +50,7 @@ func olderPins(t *testing.T, bpffs string, names ...string) *Datapath {
 			d.objs.TrafficPolicy = m
 		}
 	}
-	d.assignTables(spec)
+	d.assignTables(spec.Maps[datapathMapTapFragments].InnerMap)
 	return d
 }
 

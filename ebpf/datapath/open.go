@@ -1,8 +1,6 @@
 package datapath
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -26,32 +24,58 @@ var ErrIncompatiblePins = errors.New("pinned datapath maps are of another layout
 // what CNI DEL, CHECK, GC and STATUS need. A bpffs path with a typo, or one
 // the daemon never used, is ErrNotPinned rather than a fresh bpffs whose rows
 // nothing reads. Program() is nil on the result.
+//
+// It checks each pin against this build's table of pinned maps (pins_gen.go,
+// generated from the object, which the package's tests hold equal to it),
+// as the collection loader would, without parsing the object's ELF and BTF:
+// a CNI verb is a process of its own, and that parse was a quarter of its
+// time. A pin of another layout is ErrIncompatiblePins, and nothing is
+// written to it.
 func OpenPinned(bpffs string) (*Datapath, error) {
-	spec, err := loadDatapath()
-	if err != nil {
-		return nil, fmt.Errorf("open datapath: spec: %w", err)
-	}
-	pinDir, err := pinnedDir(bpffs, spec)
+	pinDir, err := pinFolder(bpffs)
 	if err != nil {
 		return nil, err
 	}
-	// The program's own state maps (not pinned) are never used without
-	// the program: create them at the smallest size.
-	for _, m := range spec.Maps {
-		switch {
-		case m.Pinning == ebpf.PinByName:
-		case m.Type == ebpf.RingBuf:
-			m.MaxEntries = uint32(os.Getpagesize()) // a ring's least
-		case m.MaxEntries > 1:
-			m.MaxEntries = 1
+	d := &Datapath{pinDir: pinDir}
+	var inner *ebpf.MapSpec
+	for _, p := range d.objs.datapathMaps.pinnedMaps() {
+		m, err := openPin(pinDir, p.spec)
+		if err != nil {
+			d.Close()
+			return nil, err
+		}
+		*p.into = m
+		if p.spec.Name == datapathMapTapFragments {
+			inner = p.spec.InnerMap
 		}
 	}
-	d := &Datapath{pinDir: pinDir}
-	if err := spec.LoadAndAssign(&d.objs.datapathMaps, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: pinDir}}); err != nil {
-		return nil, fmt.Errorf("open datapath maps in %s: %w", pinDir, incompatible(err))
-	}
-	d.assignTables(spec)
+	d.assignTables(inner)
 	return d, nil
+}
+
+// pinnedMap is one map the object pins by name: how it declares it, and the
+// field of datapathMaps it is opened into.
+type pinnedMap struct {
+	into **ebpf.Map
+	spec *ebpf.MapSpec
+}
+
+// openPin opens the pin of spec under pinDir and checks it is of spec's
+// layout: what the collection loader checks of a pinned map.
+func openPin(pinDir string, spec *ebpf.MapSpec) (*ebpf.Map, error) {
+	path := filepath.Join(pinDir, spec.Name)
+	m, err := ebpf.LoadPinnedMap(path, nil)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("%w: map %s not under %s (has the node daemon started?)", ErrNotPinned, spec.Name, pinDir)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("open datapath map %s: %w", path, err)
+	}
+	if err := spec.Compatible(m); err != nil {
+		m.Close()
+		return nil, fmt.Errorf("open datapath map %s: %w", path, incompatible(err))
+	}
+	return m, nil
 }
 
 // LoadPinned is Load without mounting a bpffs or creating maps: the maps
@@ -88,13 +112,12 @@ func LoadPinned(bpffs string) (*Datapath, error) {
 
 // programPinName names this build's program by the hash of its object.
 func programPinName() string {
-	sum := sha256.Sum256(_DatapathBytes)
-	return filepath.Join(ProgramsSubdir, programPinPrefix+hex.EncodeToString(sum[:8]))
+	return filepath.Join(ProgramsSubdir, programPinPrefix+objectDigest)
 }
 
-// pinnedDir checks that bpffs is a bpf filesystem holding every map of spec
-// pinned under PinSubdir, and returns that folder.
-func pinnedDir(bpffs string, spec *ebpf.CollectionSpec) (string, error) {
+// pinFolder checks that bpffs is a bpf filesystem and returns the folder
+// under it that holds the pins.
+func pinFolder(bpffs string) (string, error) {
 	isBPF, err := isBPFFS(bpffs)
 	if err != nil {
 		return "", fmt.Errorf("%w: bpffs %s: %w", ErrNotPinned, bpffs, err)
@@ -102,16 +125,7 @@ func pinnedDir(bpffs string, spec *ebpf.CollectionSpec) (string, error) {
 	if !isBPF {
 		return "", fmt.Errorf("%w: %s is not a bpf filesystem", ErrNotPinned, bpffs)
 	}
-	pinDir := filepath.Join(bpffs, PinSubdir)
-	for name, m := range spec.Maps {
-		if m.Pinning != ebpf.PinByName {
-			continue
-		}
-		if _, err := os.Stat(filepath.Join(pinDir, name)); err != nil {
-			return "", fmt.Errorf("%w: map %s not under %s (has the node daemon started?)", ErrNotPinned, name, pinDir)
-		}
-	}
-	return pinDir, nil
+	return filepath.Join(bpffs, PinSubdir), nil
 }
 
 // incompatible marks err with ErrIncompatiblePins when a pinned map's
