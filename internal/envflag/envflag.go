@@ -79,10 +79,12 @@ func Unknown(environ []string, known map[string]bool) error {
 // variables (pkg/kubelet/envvars): <SVC>_SERVICE_HOST, <SVC>_SERVICE_PORT,
 // <SVC>_SERVICE_PORT_<PORTNAME>, and Docker's link variables
 // <SVC>_PORT_<port>_<PROTO>[_PROTO|_PORT|_ADDR]. <SVC>_PORT alone is told by
-// its value (serviceLinkURL), as a flag could be named ..._PORT.
-var (
-	serviceLinkName = regexp.MustCompile(`_SERVICE_HOST$|_SERVICE_PORT$|_SERVICE_PORT_[A-Z0-9_]+$|_PORT_[0-9]+_(TCP|UDP|SCTP)(_PROTO|_PORT|_ADDR)?$`)
-	serviceLinkURL  = regexp.MustCompile(`^(tcp|udp|sctp)://`)
+// its value (serviceLinkURL), as a flag could be named ..._PORT. They are
+// compiled when a variable is judged, not at package init, which every
+// process importing this package (each CNI verb among them) would pay for.
+const (
+	serviceLinkName = `_SERVICE_HOST$|_SERVICE_PORT$|_SERVICE_PORT_[A-Z0-9_]+$|_PORT_[0-9]+_(TCP|UDP|SCTP)(_PROTO|_PORT|_ADDR)?$`
+	serviceLinkURL  = `^(tcp|udp|sctp)://`
 )
 
 // serviceLink reports whether name=value is a variable the kubelet injects
@@ -91,10 +93,10 @@ var (
 // GALACTIC_…_SERVICE_HOST and the like, which no flag owns and no operator
 // wrote, so refusing it would crash-loop the pod over its neighbours.
 func serviceLink(name, value string) bool {
-	if serviceLinkName.MatchString(name) {
+	if regexp.MustCompile(serviceLinkName).MatchString(name) {
 		return true
 	}
-	return strings.HasSuffix(name, "_PORT") && serviceLinkURL.MatchString(value)
+	return strings.HasSuffix(name, "_PORT") && regexp.MustCompile(serviceLinkURL).MatchString(value)
 }
 
 // closest is the known name a few edits from name, if one is: at most one

@@ -21,28 +21,33 @@ import (
 
 const hexAlphabet = "0123456789abcdef"
 
-var (
-	vpcBase62        = numberPattern(base62Alphabet, uint64(MaxVPC), false, maxRawLen)
-	attachmentBase62 = numberPattern(base62Alphabet, uint64(MaxAttachment), true, maxRawLen)
-	vpcHex           = numberPattern(hexAlphabet, uint64(MaxVPC), false, maxRawLen)
-	attachmentHex    = numberPattern(hexAlphabet, uint64(MaxAttachment), true, maxRawLen)
-)
+// The patterns are built when asked for, not at package init: every
+// process that parses an identity (each CNI verb among them) would pay for
+// them, and only the CRD tests and generators read them.
+func vpcBase62() string { return numberPattern(base62Alphabet, uint64(MaxVPC), false, maxRawLen) }
+func attachmentBase62() string {
+	return numberPattern(base62Alphabet, uint64(MaxAttachment), true, maxRawLen)
+}
+func vpcHex() string { return numberPattern(hexAlphabet, uint64(MaxVPC), false, maxRawLen) }
+func attachmentHex() string {
+	return numberPattern(hexAlphabet, uint64(MaxAttachment), true, maxRawLen)
+}
 
 // VPCPattern matches exactly the strings ParseBase62 accepts as a VPC
 // identifier: 1 to 16 base62 digits, leading zeros allowed, with a value from
 // 1 to MaxVPC.
-func VPCPattern() string { return "^" + vpcBase62 + "$" }
+func VPCPattern() string { return "^" + vpcBase62() + "$" }
 
 // AttachmentPattern matches exactly the strings ParseBase62 accepts as an
 // attachment identifier: 1 to 16 base62 digits, leading zeros allowed, with a
 // value from 0 to MaxAttachment.
-func AttachmentPattern() string { return "^" + attachmentBase62 + "$" }
+func AttachmentPattern() string { return "^" + attachmentBase62() + "$" }
 
 // AdvertisementNamePattern matches exactly the names ParseAdvertisementName
 // accepts: <vpc>-<attachment> whose lower-case hex reading or raw base62
 // reading is a valid identity.
 func AdvertisementNamePattern() string {
-	return "^(?:" + vpcHex + "-" + attachmentHex + "|" + vpcBase62 + "-" + attachmentBase62 + ")$"
+	return "^(?:" + vpcHex() + "-" + attachmentHex() + "|" + vpcBase62() + "-" + attachmentBase62() + ")$"
 }
 
 // numberPattern returns an unanchored RE2 group matching the numerals over
