@@ -85,9 +85,17 @@ func networkDir(dataDir, network string) (string, error) {
 // Rename: the state a plugin killed there leaves.
 var testHookAfterCreateTemp func()
 
-// writeRecord writes r atomically and durably: a reader sees the old record
-// or the new, also after a crash, since the file is synced before the
-// rename and the folder after it.
+// writeRecord writes r atomically: a reader sees the old record or the new,
+// also after the writer is killed, since it renames a whole file into place.
+//
+// Nothing is fsynced. A record describes a tap, its TCX link and its pins,
+// which a reboot removes: the only failure an fsync guards against (the
+// kernel or the machine going down before the page cache reaches the disk)
+// takes what the record describes with it. A record torn by that crash does
+// not parse and is moved aside (readRecords); one lost or left describes a
+// tap that no longer exists, which GC and the node's collection drop. The
+// reference plugins' host-local store does not fsync its reservations
+// either. docs/operations.md, "What survives", says so.
 func writeRecord(dataDir, network string, r record) error {
 	dir, err := networkDir(dataDir, network)
 	if err != nil {
@@ -119,17 +127,10 @@ func writeRecord(dataDir, network string, r record) error {
 		tmp.Close()
 		return fmt.Errorf("record tap %s: %w", r.Tap, err)
 	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return fmt.Errorf("record tap %s: %w", r.Tap, err)
-	}
 	if err := tmp.Close(); err != nil {
 		return fmt.Errorf("record tap %s: %w", r.Tap, err)
 	}
 	if err := os.Rename(tmp.Name(), filepath.Join(dir, r.Tap)); err != nil {
-		return fmt.Errorf("record tap %s: %w", r.Tap, err)
-	}
-	if err := syncDir(dir); err != nil {
 		return fmt.Errorf("record tap %s: %w", r.Tap, err)
 	}
 	return nil
@@ -192,31 +193,14 @@ func tempsIn(dir string) (map[string][]string, error) {
 func removeTemps(paths []string) ([]string, error) {
 	var removed []string
 	var errs []error
-	dirs := map[string]bool{}
 	for _, p := range paths {
 		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, fmt.Errorf("remove temp file %s: %w", p, err))
 			continue
 		}
 		removed = append(removed, p)
-		dirs[filepath.Dir(p)] = true
-	}
-	for d := range dirs {
-		if err := syncDir(d); err != nil {
-			errs = append(errs, fmt.Errorf("remove temp files in %s: %w", d, err))
-		}
 	}
 	return removed, errors.Join(errs...)
-}
-
-// syncDir makes a rename in dir durable.
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }
 
 // asidePrefix starts the name a record that cannot be read is moved to:
@@ -231,7 +215,7 @@ func moveAside(dir, name string) (string, error) {
 	if err := os.Rename(filepath.Join(dir, name), to); err != nil {
 		return "", err
 	}
-	return to, syncDir(dir)
+	return to, nil
 }
 
 // readRecords returns network's records; a network with none has no folder.
@@ -305,9 +289,6 @@ func removeRecord(dataDir, network, tap string) error {
 		return nil
 	}
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("remove record of tap %s: %w", tap, err)
-	}
-	if err := syncDir(dir); err != nil {
 		return fmt.Errorf("remove record of tap %s: %w", tap, err)
 	}
 	return nil
