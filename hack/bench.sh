@@ -11,10 +11,42 @@ export KUBEBUILDER_ASSETS
 raw=$(mktemp)
 trap 'rm -f "$raw"' EXIT
 
-run() { # run PKG REGEX BENCHTIME
+run() { # run PKG REGEX BENCHTIME [COUNT]
 	echo "bench $1 $2" >&2
-	go test -run='^$' -bench="$2" -benchtime="$3" -timeout 60m "$1" | tee -a "$raw" >&2
+	go test -run='^$' -bench="$2" -benchtime="$3" -count="${4:-1}" -timeout 60m "$1" | tee -a "$raw" >&2
 }
+
+# median folds the lines of a benchmark run COUNT times into one: each
+# figure the median of its runs (the middle one, COUNT odd), so one run's
+# burst of load on this shared machine moves no figure. A ratio is the
+# median of the runs' ratios, each of two sides measured in the same run,
+# not a ratio of medians from different runs. Benchmarks keep their order.
+median() {
+	awk '{
+		if (!($1 in runs)) order[++n] = $1
+		runs[$1]++; iters[$1] = $2
+		for (i = 3; i < NF; i += 2) {
+			k = $1 SUBSEP $(i + 1)
+			if (!(k in cnt)) units[$1] = units[$1] " " $(i + 1)
+			v[k, ++cnt[k]] = $i
+		}
+	}
+	END {
+		for (j = 1; j <= n; j++) {
+			name = order[j]; line = name " " iters[name]
+			m = split(units[name], u, " ")
+			for (x = 1; x <= m; x++) {
+				k = name SUBSEP u[x]; c = cnt[k]
+				for (a = 1; a <= c; a++) s[a] = v[k, a]
+				for (a = 2; a <= c; a++) # insertion sort, by value
+					for (b = a; b > 1 && s[b - 1] + 0 > s[b] + 0; b--) { t = s[b]; s[b] = s[b - 1]; s[b - 1] = t }
+				line = line " " s[int((c + 1) / 2)] " " u[x]
+			}
+			print line (runs[name] > 1 ? " " runs[name] " runs" : "")
+		}
+	}'
+}
+
 run ./node/link 'Dump1000Taps$' 10x
 run ./node/tun/holder 'ProbeWindow' 200x
 run ./ebpf/datapath 'Dump16384Rows' 10x
@@ -37,11 +69,12 @@ run ./hubctl 'ChurnSettles' 1x
 run ./hubctl 'CreateToIdentity' 100x
 run ./hubctl 'FreedUnitToIdentity' 20x
 run ./integration 'DaemonRSS' 3x
-# Anchored: 'LibcniAddDel' alone would also run LibcniAddDelAt.
-run ./integration 'LibcniAddDel$' 30x
-# Issue 27's scale points; each sets up its 1,000 attachments a side once
+# Anchored: 'LibcniAddDel' alone would also run LibcniAddDelAt. Three runs
+# each, their figures the median (median, below).
+run ./integration 'LibcniAddDel$' 30x 3
+# Issue 27's scale points; each run sets up its 1,000 attachments a side
 # (about a minute), untimed.
-run ./integration 'LibcniAddDelAt' 30x
+run ./integration 'LibcniAddDelAt' 30x 3
 run ./integration 'LibcniGCWith1000ValidAttachments' 20x
 run ./integration 'KernelMemoryPerTap' 1x
 run ./integration 'AddStorm200' 1x
@@ -59,7 +92,7 @@ GALACTICTEST_FLEET_SIZES=10x10000,50x10000 run ./bench/fleet 'Fleet' 1x
 	echo
 	echo "| benchmark | iterations | figures |"
 	echo "|---|---|---|"
-	grep -E '^Benchmark' "$raw" | while read -r name iters rest; do
+	grep -E '^Benchmark' "$raw" | median | while read -r name iters rest; do
 		figs=$(echo "$rest" | awk '{ out=""; for (i = 1; i < NF; i += 2) { v=$i; if (v+0 >= 1e6) v=sprintf("%.3g", v); out = out (out=="" ? "" : ", ") v " " $(i+1) } print out }')
 		echo "| ${name%-*} | $iters | $figs |"
 	done
@@ -72,7 +105,13 @@ GALACTICTEST_FLEET_SIZES=10x10000,50x10000 run ./bench/fleet 'Fleet' 1x
 	echo "unproved = the same removing pass over the same informers without the consistent read of the API"
 	echo "server (1,000 VPCAttachments) that must precede every removal. batch-dump = one batch dump of every"
 	echo "per-interface map, the peer of the orphan scan (16,384 ifindex_vrf rows, 1% orphans). bridge = the"
-	echo "reference bridge+host-local conflist (containernetworking/plugins v1.10.0) through libcni, same run."
+	echo "reference bridge+host-local conflist (containernetworking/plugins v1.10.0) through libcni, same run:"
+	echo "built static, as upstream ships it, and stripped, as the image ships galactic-tap; each side warmed"
+	echo "with one untimed ADD and DEL first (galactic's first ADD has the kernel verify its eBPF program); both"
+	echo "stores (galactic's records, host-local's reservations) on one filesystem; the sides' order alternating"
+	echo "each iteration. …-cpu-ns = the plugin processes' user+sys per verb (RUSAGE_CHILDREN), beside the wall"
+	echo "time (…-ns); load1-start, load1-end = the 1-minute load average at each end of the timed loop, cpus the"
+	echo "machine's. A row ending in N runs: each figure is the median of N runs of the benchmark (-count 3)."
 	echo "existing=N: ADD and DEL of one more attachment with N of the same network already there, each side"
 	echo "in a host namespace of its own, every bridge pod in a netns of its own. bridge's GC is a no-op in"
 	echo "v1.10.0 (it registers none), so bridge-gc-ns is libcni's pass over its 1,000 cached results plus one"

@@ -28,6 +28,10 @@ import (
 
 var binary, tapPlugin string
 
+// binDir holds what TestMain builds, and the stock plugins stockPlugins
+// builds, and goes when the test binary ends.
+var binDir string
+
 // hookedBinary is the daemon built with the galactic_testhooks tag, for the
 // tests that need its seams; product builds carry none.
 var hookedBinary string
@@ -38,11 +42,22 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
+	binDir = dir
 	binary = filepath.Join(dir, "galactic-node")
 	tapPlugin = filepath.Join(dir, "galactic-tap")
-	for bin, pkg := range map[string]string{binary: "../cmd/galactic-node", tapPlugin: "../cmd/galactic-tap"} {
-		if out, err := goBuild("-o", bin, pkg).CombinedOutput(); err != nil {
-			fmt.Fprintf(os.Stderr, "build %s: %v\n%s", pkg, err, out)
+	for _, b := range []struct {
+		out, pkg string
+		flags    []string
+	}{
+		{binary, "../cmd/galactic-node", nil},
+		// The plugin stripped, as the image ships it (the Makefile's
+		// TAP_LDFLAGS): the runtime execs it for every verb, and the
+		// benchmarks time those execs against the stock plugins, built
+		// static and stripped too (stockPlugins).
+		{tapPlugin, "../cmd/galactic-tap", []string{"-ldflags=-s -w"}},
+	} {
+		if out, err := goBuild(append(b.flags, "-o", b.out, b.pkg)...).CombinedOutput(); err != nil {
+			fmt.Fprintf(os.Stderr, "build %s: %v\n%s", b.pkg, err, out)
 			os.Exit(1)
 		}
 	}
