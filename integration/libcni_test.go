@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -15,6 +16,7 @@ import (
 	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/types"
 
+	"github.com/datum-cloud/galactic-node/ebpf/datapath"
 	"github.com/datum-cloud/galactic-node/internal/nettest"
 	"github.com/datum-cloud/galactic-node/node/netns"
 )
@@ -358,7 +360,8 @@ func TestTheShippedConflistIsAValidNetwork(t *testing.T) {
 // conflist in the same run, host namespace, libcni cache and container
 // namespace. ns/op is one galactic ADD plus its DEL; x-of-bridge compares
 // each verb's wall time, cpu-x-of-bridge its plugins' CPU time, with the
-// peer's. What makes the comparison fair (warm-up, static builds, one
+// peer's; first-add-ns is the first ADD after the daemon's pins exist, as
+// after an upgrade, which verifies the program. What makes the comparison fair (warm-up, static builds, one
 // disk, alternating order, the load beside it): benchAddDel.
 func BenchmarkLibcniAddDel(b *testing.B) {
 	h := newCNIHost(b)
@@ -372,7 +375,12 @@ func BenchmarkLibcniAddDel(b *testing.B) {
 		list: benchConfList(b, "peer", map[string]any{"type": "bridge", "bridge": "cnibr0", "isGateway": true,
 			"ipam": map[string]any{"type": "host-local", "subnet": "10.99.0.0/16", "dataDir": ipam}}),
 		rt: func(i int) *libcni.RuntimeConf { return r.rt(fmt.Sprintf("%064x", i+1<<32), "eth0") }}
-	benchAddDel(b, galactic, peer)
+	// No ADD has run over the pins yet: the warm-up is the first after an
+	// upgrade, which loads this build's program and pins it.
+	if _, err := os.Stat(filepath.Join(h.bpffs, datapath.PinSubdir, datapath.ProgramsSubdir, datapath.ProgramName())); !errors.Is(err, os.ErrNotExist) {
+		b.Fatalf("the program is pinned before the first ADD (%v): the first ADD would not load it", err)
+	}
+	benchAddDel(b, galactic, peer, true)
 }
 
 // A DEL with no identity (the runtime passes none) removes only what this
