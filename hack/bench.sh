@@ -75,6 +75,8 @@ run ./integration 'LibcniAddDel$' 30x 3
 # Issue 27's scale points; each run sets up its 1,000 attachments a side
 # (about a minute), untimed.
 run ./integration 'LibcniAddDelAt' 30x 3
+# Where a verb's milliseconds go: needs perf (linux-perf); skipped without.
+run ./integration 'CNIVerbPhases' 20x
 run ./integration 'LibcniGCWith1000ValidAttachments' 20x
 run ./integration 'KernelMemoryPerTap' 1x
 run ./integration 'AddStorm200' 1x
@@ -110,8 +112,10 @@ GALACTICTEST_FLEET_SIZES=10x10000,50x10000 run ./bench/fleet 'Fleet' 1x
 	echo "with one untimed ADD and DEL first (galactic's first ADD has the kernel verify its eBPF program); both"
 	echo "stores (galactic's records, host-local's reservations) on one filesystem; the sides' order alternating"
 	echo "each iteration. …-cpu-ns = the plugin processes' user+sys per verb (RUSAGE_CHILDREN), beside the wall"
-	echo "time (…-ns); load1-start, load1-end = the 1-minute load average at each end of the timed loop, cpus the"
-	echo "machine's. A row ending in N runs: each figure is the median of N runs of the benchmark (-count 3)."
+	echo "time (…-ns); busy-% = the share of all CPUs' time spent busy during the timed loop (the verbs"
+	echo "included), load1-start, load1-end = the 1-minute load average at each end (it lags), cpus the"
+	echo "machine's. first-add-ns = the first ADD over fresh pins, as after an upgrade (it verifies the program)."
+	echo "A row ending in N runs: each figure is the median of N runs of the benchmark (-count 3)."
 	echo "existing=N: ADD and DEL of one more attachment with N of the same network already there, each side"
 	echo "in a host namespace of its own, every bridge pod in a netns of its own. bridge's GC is a no-op in"
 	echo "v1.10.0 (it registers none), so bridge-gc-ns is libcni's pass over its 1,000 cached results plus one"
@@ -154,6 +158,10 @@ GALACTICTEST_FLEET_SIZES=10x10000,50x10000 run ./bench/fleet 'Fleet' 1x
 	echo "beside one tap whose removal fails in each pass and ten brake engagements and releases, counted as the API"
 	echo "server receives them; the peer is the removals themselves (goal: one write each, repeats folded into series)."
 	echo "Hub failover is measured by integration tests: bench/FAILOVER.md."
+	echo "CNIVerbPhases: one ADD and one DEL of the built plugin cut into phases at their system calls, traced by"
+	echo "\`perf trace\` (median of the verbs, ms): start (exec, Go runtime, package init), parse, open (the pins), lock,"
+	echo "tap, rows (eBPF rows, TCX attach; DEL: clearing them), record, find (DEL: lock, records, the tap read and"
+	echo "probed), dellink (the kernel's RTM_DELLINK), exit; docs/datapath.md, \"Where a CNI verb's milliseconds go\"."
 	echo "Fleet: N simulated nodes' informers against one API server (bench/fleet; bench/FLEET.md has the"
 	echo "large sizes and what each figure is, docs/scale.md the model built on them)."
 } > bench/RESULTS.md
