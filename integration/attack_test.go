@@ -1006,14 +1006,25 @@ func TestProductBinariesCarryNoTestHooks(t *testing.T) {
 	if out, err := goBuild("-o", hubctl, "../cmd/galactic-hubctl").CombinedOutput(); err != nil {
 		t.Fatalf("build hubctl: %v\n%s", err, out)
 	}
+	// The plugin ships stripped (-s -w, as TestMain builds it), so its
+	// symbols are read from a build of the same source that keeps them.
+	tapSymbols := filepath.Join(t.TempDir(), "galactic-tap")
+	if out, err := goBuild("-o", tapSymbols, "../cmd/galactic-tap").CombinedOutput(); err != nil {
+		t.Fatalf("build the plugin with its symbols: %v\n%s", err, out)
+	}
+	symbolsOf := map[string]string{tapPlugin: tapSymbols}
 	found := func(bin string) []string {
 		data, err := os.ReadFile(bin)
 		if err != nil {
 			t.Fatal(err)
 		}
-		syms, err := exec.Command("go", "tool", "nm", bin).Output()
+		symBin := bin
+		if s, ok := symbolsOf[bin]; ok {
+			symBin = s
+		}
+		syms, err := exec.Command("go", "tool", "nm", symBin).Output()
 		if err != nil {
-			t.Fatalf("go tool nm %s: %v", bin, err)
+			t.Fatalf("go tool nm %s: %v", symBin, err)
 		}
 		var hits []string
 		for _, m := range hookMarkers {
