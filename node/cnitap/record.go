@@ -95,7 +95,9 @@ var testHookAfterCreateTemp func()
 // not parse and is moved aside (readRecords); one lost or left describes a
 // tap that no longer exists, which GC and the node's collection drop. The
 // reference plugins' host-local store does not fsync its reservations
-// either. docs/operations.md, "What survives", says so.
+// either (containernetworking/plugins v1.10.0,
+// plugins/ipam/host-local/backend/disk/backend.go: Reserve writes and
+// closes). docs/operations.md, "What survives a restart", says so.
 func writeRecord(dataDir, network string, r record) error {
 	dir, err := networkDir(dataDir, network)
 	if err != nil {
