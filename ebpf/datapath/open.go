@@ -38,7 +38,7 @@ func OpenPinned(bpffs string) (*Datapath, error) {
 	}
 	d := &Datapath{pinDir: pinDir}
 	var inner *ebpf.MapSpec
-	for _, p := range d.objs.datapathMaps.pinnedMaps() {
+	for _, p := range d.objs.pinnedMaps() {
 		m, err := openPin(pinDir, p.spec)
 		if err != nil {
 			d.Close()
