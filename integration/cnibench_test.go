@@ -71,7 +71,8 @@ func galacticAt(tb testing.TB, r *runtime, n int) []types.GCAttachment {
 	lists := make([]*libcni.NetworkConfigList, n)
 	valid := make([]types.GCAttachment, n)
 	for i := range n {
-		lists[i] = r.list("1.1.0", "galactic", identity.Attachment(i+1).Base62())
+		vpc, table := benchVPC(i)
+		lists[i] = r.listConf("1.1.0", "galactic", identity.Attachment(i+1).Base62(), map[string]any{"vpc": vpc, "table": table})
 		valid[i] = types.GCAttachment{ContainerID: fmt.Sprintf("e%063x", i), IfName: "eth0"}
 	}
 	inParallel(tb, n, func(i int) error {
@@ -81,6 +82,20 @@ func galacticAt(tb testing.TB, r *runtime, n int) []types.GCAttachment {
 		})
 	})
 	return valid
+}
+
+// perMaster is how many existing attachments share one master on either
+// side: the bridge that stands in for the VRF (this kernel has none) takes
+// at most 1,024 ports (BR_MAX_PORTS; the next enslave fails with EXFULL),
+// so beyond it the attachments spread over more VPCs, one bridge each, as
+// the peer's pods spread over more bridges. The timed attachment is always
+// in the first, with 1,000 others at most.
+const perMaster = 1000
+
+// benchVPC is the VPC, and its table, of existing galactic attachment i.
+func benchVPC(i int) (string, int) {
+	g := i / perMaster
+	return string(rune('a' + g)), 1010 + g
 }
 
 // requireGalacticTaps fails tb unless the taps of identities 1..n all exist.
@@ -95,7 +110,12 @@ func requireGalacticTaps(tb testing.TB, h *cniHost, n int) {
 		have[l.Name] = true
 	}
 	for i := range n {
-		if name := tapName(identity.Attachment(i + 1).Base62()); !have[name] {
+		vpc, _ := benchVPC(i)
+		id, err := identity.ParseBase62(vpc, identity.Attachment(i+1).Base62())
+		if err != nil {
+			tb.Fatal(err)
+		}
+		if name := id.TapName(); !have[name] {
 			tb.Fatalf("tap %s of existing attachment %d is gone", name, i+1)
 		}
 	}
@@ -109,8 +129,11 @@ type bridgePeer struct {
 	r        *runtime
 	list     *libcni.NetworkConfigList // bridge, delegating to host-local
 	ipamOnly *libcni.NetworkConfigList // host-local alone: the same network's store
-	ipam     string                    // host-local's data dir
-	pods     []string                  // the pods' namespaces, by path
+	// more are the networks of the pods beyond the first perMaster, each
+	// on a bridge and in a subnet of its own.
+	more []*libcni.NetworkConfigList
+	ipam string   // host-local's data dir
+	pods []string // the pods' namespaces, by path
 }
 
 func newBridgePeer(tb testing.TB, pods int) *bridgePeer {
@@ -118,9 +141,23 @@ func newBridgePeer(tb testing.TB, pods int) *bridgePeer {
 	r := quietRuntime(tb, &cniHost{t: tb, host: nettest.NewNS(tb)})
 	ipam := filepath.Join(tb.TempDir(), "host-local")
 	ipamConf := map[string]any{"type": "host-local", "subnet": "10.99.0.0/16", "dataDir": ipam}
-	return &bridgePeer{r: r, ipam: ipam, pods: podNamespaces(tb, pods),
+	p := &bridgePeer{r: r, ipam: ipam, pods: podNamespaces(tb, pods),
 		list:     benchConfList(tb, "peer", map[string]any{"type": "bridge", "bridge": "cnibr0", "isGateway": true, "ipam": ipamConf}),
 		ipamOnly: benchConfList(tb, "peer", map[string]any{"type": "host-local", "ipam": ipamConf})}
+	for g := 1; g*perMaster < pods-1; g++ {
+		p.more = append(p.more, benchConfList(tb, fmt.Sprintf("peer-%d", g), map[string]any{
+			"type": "bridge", "bridge": fmt.Sprintf("cnibr%d", g), "isGateway": true,
+			"ipam": map[string]any{"type": "host-local", "subnet": fmt.Sprintf("10.%d.0.0/16", 99+g), "dataDir": ipam}}))
+	}
+	return p
+}
+
+// listOf is the network of existing pod i.
+func (p *bridgePeer) listOf(i int) *libcni.NetworkConfigList {
+	if g := i / perMaster; g > 0 {
+		return p.more[g-1]
+	}
+	return p.list
 }
 
 func benchConfList(tb testing.TB, name string, plugin map[string]any) *libcni.NetworkConfigList {
@@ -158,24 +195,27 @@ func (p *bridgePeer) at(tb testing.TB, n int) []types.GCAttachment {
 	}
 	inParallel(tb, n, func(i int) error {
 		return p.r.in(func(ctx context.Context) error {
-			_, err := p.r.cni.AddNetworkList(ctx, p.list, p.rt(valid[i].ContainerID, p.pods[i]))
+			_, err := p.r.cni.AddNetworkList(ctx, p.listOf(i), p.rt(valid[i].ContainerID, p.pods[i]))
 			return err
 		})
 	})
 	return valid
 }
 
-// reservations counts host-local's address reservations.
+// reservations counts host-local's address reservations, in every
+// network of the peer.
 func (p *bridgePeer) reservations(tb testing.TB) int {
 	tb.Helper()
-	entries, err := os.ReadDir(filepath.Join(p.ipam, "peer"))
-	if err != nil {
-		tb.Fatal(err)
-	}
 	n := 0
-	for _, e := range entries {
-		if e.Type().IsRegular() && e.Name() != "lock" && !strings.HasPrefix(e.Name(), "last_reserved_ip.") {
-			n++
+	for _, l := range append([]*libcni.NetworkConfigList{p.list}, p.more...) {
+		entries, err := os.ReadDir(filepath.Join(p.ipam, l.Name))
+		if err != nil {
+			tb.Fatal(err)
+		}
+		for _, e := range entries {
+			if e.Type().IsRegular() && e.Name() != "lock" && !strings.HasPrefix(e.Name(), "last_reserved_ip.") {
+				n++
+			}
 		}
 	}
 	return n
@@ -461,7 +501,7 @@ func reportAddDel(b *testing.B, iters int, add, del, peerAdd, peerDel verbCost) 
 }
 
 // BenchmarkLibcniAddDelAt times ADD and DEL of one more galactic-tap
-// attachment through libcni with 0 and 1,000 attachments of the same
+// attachment through libcni with 0, 1,000 and 5,000 attachments of the same
 // network already on the node, against one more bridge+host-local pod with
 // as many pods already on the peer's bridge, in the same run. Setup makes
 // the existing attachments through the plugins, untimed, eight at once.
@@ -476,12 +516,10 @@ func reportAddDel(b *testing.B, iters int, add, del, peerAdd, peerDel verbCost) 
 // alternating order and the load: benchAddDel. ns/op is one galactic ADD
 // plus its DEL; x-of-bridge compares each verb with the peer's at the same
 // scale, by wall time, cpu-x-of-bridge by the plugins' CPU time.
-//
-// Not beyond 1,000: the bridge that stands in for the VRF (this kernel has
-// none) takes at most 1,024 ports (BR_MAX_PORTS; the 1,024th enslave
-// fails with EXFULL), on either side.
+// At 5,000 both sides spread over five masters, a VPC or a bridge each
+// (perMaster); the timed attachment shares its master with 1,000.
 func BenchmarkLibcniAddDelAt(b *testing.B) {
-	for _, existing := range []int{0, 1000} {
+	for _, existing := range []int{0, 1000, 5000} {
 		b.Run(fmt.Sprintf("existing=%d", existing), func(b *testing.B) {
 			h := newCNIHost(b)
 			r := quietRuntime(b, h)

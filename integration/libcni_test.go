@@ -99,8 +99,14 @@ func (r *runtime) in(fn func(ctx context.Context) error) error {
 // named name, followed by extra plugins.
 func (r *runtime) list(version, name, att string, extra ...map[string]any) *libcni.NetworkConfigList {
 	r.h.t.Helper()
+	return r.listConf(version, name, att, nil, extra...)
+}
+
+// listConf is list with conf's keys set in galactic-tap's configuration.
+func (r *runtime) listConf(version, name, att string, conf map[string]any, extra ...map[string]any) *libcni.NetworkConfigList {
+	r.h.t.Helper()
 	var tapConf map[string]any
-	if err := json.Unmarshal(r.h.conf(att, nil), &tapConf); err != nil {
+	if err := json.Unmarshal(r.h.conf(att, conf), &tapConf); err != nil {
 		r.h.t.Fatal(err)
 	}
 	delete(tapConf, "cniVersion")
