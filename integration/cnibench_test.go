@@ -409,12 +409,11 @@ type addDelSide struct {
 //     other's DEL: what a DEL leaves behind (the kernel's deferred work,
 //     a warmer or colder cache) falls on both sides alike.
 //   - The machine is shared: busy-% is the share of all CPUs' time spent
-//     busy during the loops (both sides' verbs included: about 30 on an
+//     busy during the loops (both sides' verbs included: about 43 on an
 //     otherwise idle 2-CPU machine), load1-start and load1-end the 1-minute
 //     load average at each end (which lags: it still counts a set-up's
-//     work), and cpus the CPUs;
-//     the CPU times, which waiting for a CPU does not inflate, stand beside
-//     the wall times.
+//     work), and cpus the CPUs. The CPU times, which waiting for a CPU does
+//     not inflate, stand beside the wall times.
 //
 // With first, the warm-up is the first ADD of galactic's side after the
 // daemon's pins exist, as after an upgrade: it is reported apart, as
@@ -486,18 +485,20 @@ func benchAddDel(b *testing.B, galactic, peer addDelSide, first bool) {
 // each verb's ratio to the peer's.
 func reportAddDel(b *testing.B, iters int, add, del, peerAdd, peerDel verbCost) {
 	per := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / float64(iters) }
-	b.ReportMetric(per(add.wall), "add-ns")
-	b.ReportMetric(per(del.wall), "del-ns")
-	b.ReportMetric(per(peerAdd.wall), "bridge-add-ns")
-	b.ReportMetric(per(peerDel.wall), "bridge-del-ns")
-	b.ReportMetric(per(add.wall)/per(peerAdd.wall), "add-x-of-bridge")
-	b.ReportMetric(per(del.wall)/per(peerDel.wall), "del-x-of-bridge")
-	b.ReportMetric(per(add.cpu), "add-cpu-ns")
-	b.ReportMetric(per(del.cpu), "del-cpu-ns")
-	b.ReportMetric(per(peerAdd.cpu), "bridge-add-cpu-ns")
-	b.ReportMetric(per(peerDel.cpu), "bridge-del-cpu-ns")
-	b.ReportMetric(per(add.cpu)/per(peerAdd.cpu), "add-cpu-x-of-bridge")
-	b.ReportMetric(per(del.cpu)/per(peerDel.cpu), "del-cpu-x-of-bridge")
+	for _, by := range []struct {
+		unit string // "" for wall time, "-cpu" for CPU time
+		of   func(verbCost) time.Duration
+	}{
+		{"", func(c verbCost) time.Duration { return c.wall }},
+		{"-cpu", func(c verbCost) time.Duration { return c.cpu }},
+	} {
+		b.ReportMetric(per(by.of(add)), "add"+by.unit+"-ns")
+		b.ReportMetric(per(by.of(del)), "del"+by.unit+"-ns")
+		b.ReportMetric(per(by.of(peerAdd)), "bridge-add"+by.unit+"-ns")
+		b.ReportMetric(per(by.of(peerDel)), "bridge-del"+by.unit+"-ns")
+		b.ReportMetric(per(by.of(add))/per(by.of(peerAdd)), "add"+by.unit+"-x-of-bridge")
+		b.ReportMetric(per(by.of(del))/per(by.of(peerDel)), "del"+by.unit+"-x-of-bridge")
+	}
 }
 
 // BenchmarkLibcniAddDelAt times ADD and DEL of one more galactic-tap

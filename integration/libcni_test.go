@@ -367,8 +367,9 @@ func TestTheShippedConflistIsAValidNetwork(t *testing.T) {
 // namespace. ns/op is one galactic ADD plus its DEL; x-of-bridge compares
 // each verb's wall time, cpu-x-of-bridge its plugins' CPU time, with the
 // peer's; first-add-ns is the first ADD after the daemon's pins exist, as
-// after an upgrade, which verifies the program. What makes the comparison fair (warm-up, static builds, one
-// disk, alternating order, the load beside it): benchAddDel.
+// after an upgrade, which verifies the program. What makes the comparison
+// fair (warm-up, static builds, one disk, alternating order, the load
+// beside it): benchAddDel.
 func BenchmarkLibcniAddDel(b *testing.B) {
 	h := newCNIHost(b)
 	r := newRuntime(b, h)

@@ -74,13 +74,16 @@ func run(object, out, pkg string) error {
 	return os.WriteFile(out, src, 0o644)
 }
 
-// literal is ms as an ebpf.MapSpec literal: what the kernel keeps of a map
-// and checks an inner map against, and no BTF.
+// literal is ms, named name, as an ebpf.MapSpec literal: what the kernel
+// keeps of a map and checks an inner map against, and no BTF.
 func literal(name string, ms *ebpf.MapSpec) string {
-	s := fmt.Sprintf("&ebpf.MapSpec{Name: %q, Type: ebpf.%s, KeySize: %d, ValueSize: %d, MaxEntries: %d, Flags: %d, Pinning: ebpf.PinByName",
+	s := fmt.Sprintf("&ebpf.MapSpec{Name: %q, Type: ebpf.%s, KeySize: %d, ValueSize: %d, MaxEntries: %d, Flags: %d",
 		name, ms.Type, ms.KeySize, ms.ValueSize, ms.MaxEntries, ms.Flags)
+	if ms.Pinning == ebpf.PinByName {
+		s += ", Pinning: ebpf.PinByName"
+	}
 	if in := ms.InnerMap; in != nil {
-		s += ", InnerMap: " + strings.TrimSuffix(strings.Replace(literal(in.Name, in), ", Pinning: ebpf.PinByName", "", 1), "}") + "}"
+		s += ", InnerMap: " + literal(in.Name, in)
 	}
 	return s + "}"
 }
