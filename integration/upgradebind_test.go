@@ -122,7 +122,7 @@ func TestATapOfThePreviousReleaseIsBoundAtTakeoverWithNoADD(t *testing.T) {
 	}
 	eventually(t, "the frames judged", func() (bool, string) {
 		s, a := countOf(t, h.bpffs, id, datapath.DecisionSpoofed), countOf(t, h.bpffs, id, datapath.DecisionAllow)
-		return s == spoofed+1 && a == allowed+1, fmt.Sprintf("spoofed %d (was %d), allowed %d (was %d)", s, spoofed, a, allowed)
+		return s == spoofed+1 && a == allowed+1, fmt.Sprintf("spoofed %d (was %d), allowed %d (was %d); every count: %s", s, spoofed, a, allowed, countsOf(t, h.bpffs, id))
 	})
 
 	// This build's CHECK, through libcni, of the attachment the old ADD made.
@@ -169,6 +169,19 @@ func TestATapOfThePreviousReleaseIsBoundAtTakeoverWithNoADD(t *testing.T) {
 }
 
 // countOf reads id's count of decision d from the pinned decisions map.
+// countsOf names every decision id has a count of, for a failure's message:
+// a frame judged otherwise than a test expects shows where it went.
+func countsOf(t *testing.T, bpffs string, id identity.Identity) string {
+	t.Helper()
+	var out []string
+	for d := range datapath.Decision(16) {
+		if n := countOf(t, bpffs, id, d); n > 0 {
+			out = append(out, fmt.Sprintf("%s %d", d, n))
+		}
+	}
+	return strings.Join(out, ", ")
+}
+
 func countOf(t *testing.T, bpffs string, id identity.Identity, d datapath.Decision) uint64 {
 	t.Helper()
 	decisions, err := ebpf.LoadPinnedMap(filepath.Join(bpffs, datapath.PinSubdir, "decisions"), nil)
