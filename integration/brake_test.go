@@ -59,6 +59,17 @@ func (r *remoteNode) attachedTaps(atts ...string) []string {
 	return names
 }
 
+// forceKeeping forces a pass and fails the test at once if it removed a
+// tap: while a mass deletion reaches the node, every pass must keep all.
+func (r *remoteNode) forceKeeping() passReport {
+	r.t.Helper()
+	rep := r.force("")
+	if len(rep.Reclaimed) != 0 {
+		r.t.Fatalf("a pass removed %v while the mass deletion reached the node: %s", rep.Reclaimed, rep.Reason)
+	}
+	return rep
+}
+
 // holdsThrough forces passes and checks that every tap in names stays and
 // that the brake engaged, holding held taps.
 func (r *remoteNode) holdsThrough(names []string, held int) {
@@ -109,7 +120,7 @@ func TestAReinstalledCRDWithOneNewObjectRemovesNothing(t *testing.T) {
 		_, err := cluster.Client.Resource(crds).Get(ctx, crd, metav1.GetOptions{})
 		return apierrors.IsNotFound(err), fmt.Sprint(err)
 	})
-	r.force("")
+	r.forceKeeping()
 	if _, err := envtest.InstallCRDs(cluster.Config, envtest.CRDInstallOptions{
 		Paths: []string{filepath.Join("..", "deploy", "crds", "cloud.datumapis.com_vpcattachments.yaml")}, ErrorIfPathMissing: true,
 	}); err != nil {
@@ -117,7 +128,7 @@ func TestAReinstalledCRDWithOneNewObjectRemovesNothing(t *testing.T) {
 	}
 	cluster.Apply(t, kubeinventory.AttachmentResource, clustertest.Attachment("tenant-b", "db-1", "b", "1"))
 	eventually(t, "the node sees the new attachment", func() (bool, string) {
-		rep := r.force("")
+		rep := r.forceKeeping()
 		return rep.Result == "completed" && r.pending(names[0]), rep.Result + ": " + rep.Reason
 	})
 	r.holdsThrough(names, len(names))
@@ -150,7 +161,7 @@ func TestANamespaceDeleteHoldsItsTapsUntilReleased(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, "the node sees the namespace's attachments gone", func() (bool, string) {
-		rep := r.force("")
+		rep := r.forceKeeping()
 		return r.pending(names[1]) && r.pending(names[3]), rep.Result + ": " + rep.Reason
 	})
 	r.holdsThrough(names, 3)
@@ -192,10 +203,10 @@ func TestDeleteAllThenOneRecreateRemovesNothing(t *testing.T) {
 	r.force("")
 
 	cluster.DeleteAll(t, kubeinventory.AttachmentResource)
-	r.force("")
+	r.forceKeeping()
 	cluster.Apply(t, kubeinventory.AttachmentResource, clustertest.Attachment("tenant-a", "web-1", "a", "1"))
 	eventually(t, "the node sees the re-created attachment", func() (bool, string) {
-		rep := r.force("")
+		rep := r.forceKeeping()
 		return rep.Result == "completed" && r.pending(names[1]) && !r.pending(names[0]), rep.Result + ": " + rep.Reason
 	})
 	r.holdsThrough(names, 4)

@@ -100,7 +100,7 @@ func TestEachActionIsAnEventRegardingTheNode(t *testing.T) {
 	tap := tapRef(10, 2, 41)
 	rec.TapReclaimed(tap, time.Now().Add(-10*time.Minute))
 	rec.TapReclaimFailed(reclaim.Failure{Tap: tapRef(10, 3, 42), Stage: reclaim.StageLink, Error: "delete link: EBUSY"})
-	rec.BrakeEngaged(reclaim.Brake{Engaged: true, Reason: "3 of the node's 4 stamped taps confirmed stale at once", Held: 3})
+	rec.BrakeEngaged(reclaim.Brake{Engaged: true, Reason: "3 of the node's 4 stamped taps found stale at once", Held: 3})
 	rec.BrakeReleased("by an operator (allow mass removal)", 3)
 
 	for reason, want := range map[string][]string{

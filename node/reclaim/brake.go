@@ -19,9 +19,11 @@ import (
 // look unhealthy at once, it stops evicting, since a fault of its own view
 // is then likelier than a mass failure.
 //
-// A pass engages the brake, and removes nothing, when its confirmed taps
-// are at least MassRemovalMin and more than MassRemovalShare of the node's
-// stamped taps, or when the identities the inventory carries fell, since
+// A pass that has taps to remove engages the brake, and removes nothing,
+// when the taps it finds stale (confirmed, awaiting confirmation, or shown
+// stale only by the API server's consistent read) are at least
+// MassRemovalMin and more than MassRemovalShare of the node's stamped
+// taps, or when the identities the inventory carries fell, since
 // their peak within ShrinkWindow, by at least MassRemovalMin and more than
 // InventoryShrinkShare of that peak while the pass had taps to remove. Once
 // engaged it holds, across passes, until released: by an operator
@@ -171,20 +173,31 @@ func (r *Reclaimer) observeSize(now time.Time, identities int) (peak int) {
 }
 
 // brakeRule returns why a pass with these confirmed taps must not remove
-// any, or "" when it may. Taps a release accepted are not counted.
-func (r *Reclaimer) brakeRule(confirmed []candidate, stamped, peak, identities int) string {
-	weighed := 0
-	for _, c := range confirmed {
-		if a, ok := r.brake.accepted[c.Ifindex]; !ok || a.Expect() != c.Expect() {
+// any, or "" when it may. It weighs every stale tap of the pass, not only
+// the confirmed ones: the candidates next tracks, seen stale once or more,
+// and staleByProof, the taps only the API server's consistent read shows
+// stale. A mass deletion reaches a node over several passes (a watch that
+// lags, a namespace that deletes its objects in turn), and a rule that
+// weighed only each pass's confirmed taps would let it go in parts. Taps a
+// release accepted are not counted, and a pass that confirms none of the
+// others removes nothing for the brake to stop.
+func (r *Reclaimer) brakeRule(confirmed []candidate, next map[uint32]candidate, staleByProof, stamped, peak, identities int) string {
+	unaccepted := func(c candidate) bool {
+		a, ok := r.brake.accepted[c.Ifindex]
+		return !ok || a.Expect() != c.Expect()
+	}
+	if !slices.ContainsFunc(confirmed, unaccepted) {
+		return ""
+	}
+	weighed := staleByProof
+	for _, c := range next {
+		if unaccepted(c) {
 			weighed++
 		}
 	}
-	if weighed == 0 {
-		return ""
-	}
 	min := r.cfg.MassRemovalMin
 	if share := r.cfg.MassRemovalShare; share < 1 && weighed >= min && float64(weighed) > share*float64(stamped) {
-		return fmt.Sprintf("%d of the node's %d stamped taps confirmed stale at once (more than %.0f%%, and at least %d)",
+		return fmt.Sprintf("%d of the node's %d stamped taps found stale at once (more than %.0f%%, and at least %d)",
 			weighed, stamped, share*100, min)
 	}
 	small := peak < r.cfg.LargeInventory && weighed < min
@@ -198,7 +211,7 @@ func (r *Reclaimer) brakeRule(confirmed []candidate, stamped, peak, identities i
 // applyBrake decides, for a pass with these confirmed taps and the
 // candidates it tracks from now on, whether the brake keeps them all. It
 // returns the report of what it did; Engaged means remove nothing.
-func (r *Reclaimer) applyBrake(now time.Time, confirmed []candidate, next map[uint32]candidate, stamped, peak, identities int, opts PassOptions) BrakeReport {
+func (r *Reclaimer) applyBrake(now time.Time, confirmed []candidate, next map[uint32]candidate, staleByProof, stamped, peak, identities int, opts PassOptions) BrakeReport {
 	b := &r.brake
 	// Accepted candidates that are no longer candidates (removed, held
 	// again, their identity carried again) are no longer accepted.
@@ -232,7 +245,7 @@ func (r *Reclaimer) applyBrake(now time.Time, confirmed []candidate, next map[ui
 			return BrakeReport{Engaged: true, Reason: b.view.Reason, Held: len(confirmed)}
 		}
 	}
-	why := r.brakeRule(confirmed, stamped, peak, identities)
+	why := r.brakeRule(confirmed, next, staleByProof, stamped, peak, identities)
 	if why == "" {
 		if opts.AllowMassRemoval && (!opts.DryRun || opts.preview) && rep.Released == "" {
 			// The operator's word covers the departures behind the

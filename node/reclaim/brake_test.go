@@ -368,3 +368,64 @@ func TestABrakeEngagedAtStartHoldsUntilReleased(t *testing.T) {
 		t.Fatalf("released: reclaimed %v", rep.Reclaimed)
 	}
 }
+
+// A namespace's deletions reach the node over two passes (a slow watch, a
+// delete that takes its objects in turn): the pass that confirms the first
+// two of four taps finds the third stale for the first time. At that moment
+// three of the node's four taps are stale, a mass: the brake must engage
+// then, not let the pass take two and the next take the third. Fails if the
+// share rule weighs only the confirmed taps.
+func TestAMassSeenOverTwoPassesEngagesTheBrake(t *testing.T) {
+	ids := staleIDs(3)
+	h := newHarness(carriedInventory(append(ids[2:], live), 0), brakeOn())
+	var idx []uint32
+	for _, id := range ids {
+		idx = append(idx, h.links.addTap(id, "sandbox", 0, 0))
+	}
+	h.links.addTap(live, "sandbox-live", 0, 0)
+	h.pass(t) // the first two seen stale
+	h.inv = liveInventory()
+	for i := range 3 {
+		rep := h.pass(t)
+		if len(rep.Reclaimed) != 0 {
+			t.Fatalf("pass %d removed %v: the brake let a mass go one part at a time", i+2, rep.Reclaimed)
+		}
+		if i > 0 && (rep.Brake == nil || !rep.Brake.Engaged) {
+			t.Fatalf("pass %d: brake %+v, want engaged", i+2, rep.Brake)
+		}
+	}
+	for _, ix := range idx {
+		if !h.links.has(ix) {
+			t.Errorf("tap %d removed while three of four were stale", ix)
+		}
+	}
+}
+
+// The cache the passes read can lag the API server: a pass confirms two of
+// four taps from it while the consistent read made before any removal shows
+// a third gone too. The brake weighs what that read shows, the stronger
+// answer, before a tap goes. Fails if the brake weighs the cache alone.
+func TestAMassOnlyTheProofShowsEngagesTheBrake(t *testing.T) {
+	ids := staleIDs(3)
+	inv := &proverInventory{cache: carriedInventory(append(ids[2:], live), 0), origin: carriedInventory(append(ids[2:], live), 0)}
+	h := newHarness(inv, brakeOn())
+	var idx []uint32
+	for _, id := range ids {
+		idx = append(idx, h.links.addTap(id, "sandbox", 0, 0))
+	}
+	h.links.addTap(live, "sandbox-live", 0, 0)
+	h.pass(t) // the first two seen stale
+	inv.origin = liveInventory()
+	rep := h.pass(t)
+	if len(rep.Reclaimed) != 0 || rep.Brake == nil || !rep.Brake.Engaged {
+		t.Fatalf("reclaimed %v, brake %+v: want nothing removed, the brake engaged", rep.Reclaimed, rep.Brake)
+	}
+	if !strings.Contains(rep.Reason, "3 of the node's 4 stamped taps") {
+		t.Errorf("reason %q does not count the tap only the proof shows stale", rep.Reason)
+	}
+	for _, ix := range idx {
+		if !h.links.has(ix) {
+			t.Errorf("tap %d removed", ix)
+		}
+	}
+}

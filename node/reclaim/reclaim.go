@@ -454,8 +454,12 @@ func (r *Reclaimer) pass(ctx context.Context, started time.Time, opts PassOption
 	r.mu.Unlock()
 	next := make(map[uint32]candidate)
 	var confirmed []candidate
+	// The taps the cache says are carried: the proof the brake may read
+	// can show some of them stale.
+	var carried []link.Tap
 	for _, t := range stamped {
 		if snap.Carried(t.Identity) {
+			carried = append(carried, t)
 			continue
 		}
 		// Marking reads the kernel's attributes only; a single-queue tap
@@ -484,8 +488,18 @@ func (r *Reclaimer) pass(ctx context.Context, started time.Time, opts PassOption
 			r.log.Info("stale tap candidate", "tap", c.Tap.Name, "ifindex", c.Tap.Ifindex, "owner", c.Tap.Owner, "why", c.Why)
 		}
 	}
+	proof, staleByProof, err := r.proveForBrake(ctx, confirmed, carried)
+	if err != nil {
+		if !opts.preview {
+			r.unproven = err
+		}
+		rep.Result, rep.Reason = ResultSkipped, "nothing removed and every candidate forgotten: "+err.Error()
+		r.log.Warn("reclaim pass removed nothing", "reason", rep.Reason)
+		r.forget(opts)
+		return rep
+	}
 	peak := r.observeSize(now, snap.Identities())
-	brake := r.applyBrake(now, confirmed, next, len(stamped), peak, snap.Identities(), opts)
+	brake := r.applyBrake(now, confirmed, next, staleByProof, len(stamped), peak, snap.Identities(), opts)
 	if !opts.preview {
 		r.publishBrake()
 	}
@@ -496,9 +510,9 @@ func (r *Reclaimer) pass(ctx context.Context, started time.Time, opts PassOption
 		// The candidates stay tracked, so that a release removes them in
 		// its own pass; the orphan collection is no tenant's business.
 		rep.Reason = "mass-removal brake engaged, nothing removed: " + brake.Reason
-		// The held taps are confirmed all the same: a report that says
-		// "3 confirmed stale at once" must list those 3, and Held says
-		// the brake kept them.
+		// The held taps are confirmed all the same: a braked report
+		// lists the taps that would have gone, and Held says the brake
+		// kept them.
 		slices.SortFunc(confirmed, func(a, b candidate) int { return cmp.Compare(a.Ifindex, b.Ifindex) })
 		for _, c := range confirmed {
 			rep.Confirmed = append(rep.Confirmed, c.TapRef)
@@ -522,7 +536,7 @@ func (r *Reclaimer) pass(ctx context.Context, started time.Time, opts PassOption
 		run.Inputs, run.Candidates, run.Confirmed, run.RolledOver = rep.Inputs, slices.Clone(rep.Candidates), slices.Clone(rep.Confirmed), rep.RolledOver
 	})
 	if len(confirmed) > 0 {
-		if err := r.remove(ctx, confirmed, links, opts.DryRun, &rep); err != nil {
+		if err := r.remove(ctx, confirmed, links, opts.DryRun, proof, &rep); err != nil {
 			if !opts.preview {
 				r.unproven = err
 			}
@@ -573,6 +587,31 @@ func (r *Reclaimer) prove(ctx context.Context, p inventory.Prover) (inventory.Sn
 	return proof, err
 }
 
+// proveForBrake reads the API server consistently before the brake weighs a
+// pass that has taps to remove, when the inventory caches it and the brake
+// does not hold already: a cache that lags sees a mass deletion arrive in
+// parts, and would let the brake weigh each part alone. It returns the
+// proof, for the removal to rest on (one read a pass), and how many unheld
+// taps the cache calls carried and the proof shows stale. A nil proof means
+// none was needed; the removal proves for itself if it comes to run.
+func (r *Reclaimer) proveForBrake(ctx context.Context, confirmed []candidate, carried []link.Tap) (*inventory.Snapshot, int, error) {
+	p, ok := r.inv.(inventory.Prover)
+	if !ok || len(confirmed) == 0 || r.brake.view.Engaged {
+		return nil, 0, nil
+	}
+	proof, err := r.prove(ctx, p)
+	if err != nil {
+		return nil, 0, err
+	}
+	stale := 0
+	for _, t := range carried {
+		if held, _ := holder.Held(t); !held && !proof.Carried(t.Identity) {
+			stale++
+		}
+	}
+	return &proof, stale, nil
+}
+
 // forget drops every candidate: the next healthy pass only marks. A
 // preview forgets nothing (PassOptions.DryRun); its report says a real
 // pass would have.
@@ -606,7 +645,8 @@ func (r *Reclaimer) record(rep Report) {
 }
 
 // remove hands the confirmed taps to the teardown. For an inventory that
-// caches the API server it first reads the API server consistently: a cache
+// caches the API server it rests on a consistent read of the API server,
+// proof if the pass made one for the brake, or one of its own: a cache
 // can be behind (a partition, a dead API server, a re-created object), and
 // only the API server's own answer may justify a removal. That read comes
 // before any VRF lock is taken, since it lasts as long as the API server is
@@ -614,13 +654,13 @@ func (r *Reclaimer) record(rep Report) {
 // taps are rechecked against that proof and a fresh snapshot of the cache,
 // which makes no request. It returns the error that kept every tap when the
 // inventory could not be proven current.
-func (r *Reclaimer) remove(ctx context.Context, confirmed []candidate, dump []link.Link, dryRun bool, rep *Report) error {
+func (r *Reclaimer) remove(ctx context.Context, confirmed []candidate, dump []link.Link, dryRun bool, proof *inventory.Snapshot, rep *Report) error {
 	targets := make([]teardown.TapRef, len(confirmed))
 	for i, c := range confirmed {
 		targets[i] = c.TapRef
 	}
-	recheck := &inventoryRecheck{r: r}
-	if p, ok := r.inv.(inventory.Prover); ok {
+	recheck := &inventoryRecheck{r: r, proof: proof}
+	if p, ok := r.inv.(inventory.Prover); ok && proof == nil {
 		proof, err := r.prove(ctx, p)
 		if err != nil {
 			return err

@@ -73,7 +73,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		}, []string{"map"}),
 		brake: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "galactic_cni_mass_removal_brake_engaged",
-			Help: "1 while the mass-removal brake holds: too many taps confirmed stale at once, or the cluster's inventory shrank sharply, so passes remove nothing until an operator runs `galactic-node pass --allow-mass-removal` or the inventory stays stable for --mass-removal-release-after.",
+			Help: "1 while the mass-removal brake holds: too many taps found stale at once, or the cluster's inventory shrank sharply, so passes remove nothing until an operator runs `galactic-node pass --allow-mass-removal` or the inventory stays stable for --mass-removal-release-after.",
 		}),
 		brakeHeld: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "galactic_cni_mass_removal_brake_held_taps",
