@@ -10,10 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/http"
-	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -46,17 +43,12 @@ type Cluster struct {
 	index   *inventory.Index
 	sources []*watched
 
-	// host and http serve consistent reads (Prove and the probes), outside
-	// the watches.
-	host string
-	http *http.Client
-	opts Options
+	// reader serves consistent reads (Prove and the probes), outside the
+	// watches.
+	*reader
 	// pageSize is how many objects one page of Prove asks for:
 	// proofPageSize, smaller in this package's tests.
 	pageSize int
-	// proven is when the newest consistent read that succeeded started
-	// (unix nanoseconds): see ProvenAt.
-	proven atomic.Int64
 
 	probeMu  sync.Mutex
 	probeErr error // the last probe's error, nil once one succeeds
@@ -118,11 +110,11 @@ func NewCluster(cfg *rest.Config, log *slog.Logger, opts ...Options) (*Cluster, 
 	if err != nil {
 		return nil, fmt.Errorf("inventory: client: %w", err)
 	}
-	hc, err := rest.HTTPClientFor(cfg)
+	rd, err := newReader(cfg, o)
 	if err != nil {
-		return nil, fmt.Errorf("inventory: http client: %w", err)
+		return nil, err
 	}
-	c := &Cluster{log: log, index: inventory.NewIndex(), host: strings.TrimSuffix(cfg.Host, "/"), http: hc, opts: o, pageSize: proofPageSize}
+	c := &Cluster{log: log, index: inventory.NewIndex(), reader: rd, pageSize: proofPageSize}
 	for _, r := range []struct {
 		gvr        schema.GroupVersionResource
 		kind       string

@@ -6,14 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/http"
-	"net/url"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
-
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/datum-cloud/galactic-node/node/inventory"
 )
@@ -45,34 +39,6 @@ func (c *Cluster) Prove(ctx context.Context) (inventory.Snapshot, error) {
 	}
 	c.markProven(start)
 	return inventory.NewSnapshot(objects, true, nil), nil
-}
-
-// ProvenAt implements inventory.Prover: when the newest consistent read of
-// both resources that succeeded started, a Prove or a probe; zero before
-// the first. The watches never move it (see newWatched): their events say
-// nothing of how late they come. With a probe every interval, a healthy API
-// server keeps the age (time since ProvenAt) under the interval plus one
-// round trip; an API server, or a link, d behind keeps it at d or more; a
-// partition makes every probe fail and the age grows without bound.
-func (c *Cluster) ProvenAt() time.Time {
-	at := c.proven.Load()
-	if at <= 0 {
-		return time.Time{}
-	}
-	return time.Unix(0, at)
-}
-
-// markProven records that a consistent read started at start succeeded,
-// unless a newer one already did: reads overlap (a probe during a Prove), and
-// one that started earlier and ended later proves nothing newer.
-func (c *Cluster) markProven(start time.Time) {
-	at := start.UnixNano()
-	for {
-		old := c.proven.Load()
-		if old >= at || c.proven.CompareAndSwap(old, at) {
-			return
-		}
-	}
 }
 
 // probeLoop probes every interval until ctx ends. A consistent read that
@@ -114,7 +80,7 @@ func (c *Cluster) probe(ctx context.Context) error {
 	var wg sync.WaitGroup
 	for i, w := range c.sources {
 		wg.Go(func() {
-			if _, err := c.listPage(ctx, w, 1, 1, "", func(*proofItem) {}); err != nil {
+			if _, err := c.page(ctx, w.gvr, 1, pageQuery(1, ""), func(*proofItem) {}); err != nil {
 				errs[i] = fmt.Errorf("%s: %w", w.gvr.Resource, err)
 			}
 		})
@@ -165,121 +131,59 @@ func (c *Cluster) list(ctx context.Context, w *watched) ([]inventory.Object, err
 	}
 	cont := ""
 	for n := 1; ; n++ {
-		var err error
-		if cont, err = c.listPage(ctx, w, n, c.pageSize, cont, each); err != nil {
+		meta, err := c.page(ctx, w.gvr, n, pageQuery(c.pageSize, cont), each)
+		if err != nil {
 			return nil, err
 		}
-		if cont == "" {
+		if cont = meta.Continue; cont == "" {
 			return objects, nil
 		}
 	}
-}
-
-// listPage reads page n (from 1) of a consistent list of w's resource, of
-// at most limit objects, within Options.PageTimeout: from the request to
-// the last byte of the answer decoded. An error names the page.
-func (c *Cluster) listPage(ctx context.Context, w *watched, n, limit int, cont string, each func(*proofItem)) (string, error) {
-	pageCtx, cancel := context.WithTimeoutCause(ctx, c.opts.PageTimeout, errPageTimeout)
-	defer cancel()
-	next, err := c.fetchPage(pageCtx, w, limit, cont, each)
-	if err == nil {
-		return next, nil
-	}
-	if errors.Is(context.Cause(pageCtx), errPageTimeout) {
-		// This page's own bound, not the caller's: say so, with the bound.
-		return "", fmt.Errorf("page %d (limit %d): not answered within %s: %w", n, limit, c.opts.PageTimeout, err)
-	}
-	return "", fmt.Errorf("page %d (limit %d): %w", n, limit, err)
-}
-
-// errPageTimeout is the cause of a page's context that ran out of
-// Options.PageTimeout, which tells it from a caller's deadline.
-var errPageTimeout = errors.New("page timeout")
-
-func (c *Cluster) fetchPage(ctx context.Context, w *watched, limit int, cont string, each func(*proofItem)) (string, error) {
-	gvr := w.gvr
-	q := url.Values{"limit": {strconv.Itoa(limit)}}
-	if cont != "" {
-		q.Set("continue", cont)
-	}
-	u := fmt.Sprintf("%s/apis/%s/%s/%s?%s", c.host, gvr.Group, gvr.Version, gvr.Resource, q.Encode())
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
-	if err != nil {
-		return "", err
-	}
-	req.Header.Set("Accept", "application/json")
-	resp, err := c.http.Do(req)
-	if err != nil {
-		// The query (a continue token of a hundred characters) says
-		// nothing to an operator; the host and resource do.
-		var ue *url.Error
-		if errors.As(err, &ue) {
-			ue.URL, _, _ = strings.Cut(ue.URL, "?")
-		}
-		return "", err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		var status metav1.Status
-		body, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-		if json.Unmarshal(body, &status) == nil && status.Message != "" {
-			return "", fmt.Errorf("%s: %s", resp.Status, status.Message)
-		}
-		return "", errors.New(resp.Status)
-	}
-	next, err := decodeList(resp.Body, each)
-	if err != nil {
-		return "", fmt.Errorf("decode list: %w", err)
-	}
-	return next, nil
 }
 
 // decodeList streams a list response to each, one item at a time, and
 // returns its continue token. Decoding the page whole would hold its every
 // byte and every item at once: at 5,000 objects a page, megabytes that the
 // node would keep as resident memory long after the proof.
-func decodeList(r io.Reader, each func(*proofItem)) (string, error) {
+func decodeList(r io.Reader, each func(*proofItem)) (listMeta, error) {
+	var meta listMeta
 	dec := json.NewDecoder(r)
 	if err := expectDelim(dec, '{'); err != nil {
-		return "", err
+		return meta, err
 	}
-	var next string
 	for dec.More() {
 		key, err := dec.Token()
 		if err != nil {
-			return "", err
+			return meta, err
 		}
 		switch key {
 		case "metadata":
-			var meta struct {
-				Continue string `json:"continue"`
-			}
 			if err := dec.Decode(&meta); err != nil {
-				return "", fmt.Errorf("metadata: %w", err)
+				return meta, fmt.Errorf("metadata: %w", err)
 			}
-			next = meta.Continue
 		case "items":
 			if err := expectDelim(dec, '['); err != nil {
-				return "", fmt.Errorf("items: %w", err)
+				return meta, fmt.Errorf("items: %w", err)
 			}
 			for n := 0; dec.More(); n++ {
 				var it proofItem
 				if err := dec.Decode(&it); err != nil {
-					return "", fmt.Errorf("item %d: %w", n, err)
+					return meta, fmt.Errorf("item %d: %w", n, err)
 				}
+				meta.items++
 				each(&it)
 			}
 			if err := expectDelim(dec, ']'); err != nil {
-				return "", fmt.Errorf("items: %w", err)
+				return meta, fmt.Errorf("items: %w", err)
 			}
 		default:
 			var skip json.RawMessage
 			if err := dec.Decode(&skip); err != nil {
-				return "", fmt.Errorf("%v: %w", key, err)
+				return meta, fmt.Errorf("%v: %w", key, err)
 			}
 		}
 	}
-	return next, expectDelim(dec, '}')
+	return meta, expectDelim(dec, '}')
 }
 
 func expectDelim(dec *json.Decoder, want json.Delim) error {

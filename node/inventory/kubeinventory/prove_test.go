@@ -311,20 +311,21 @@ func TestAProveStandsForAProbe(t *testing.T) {
 	}
 }
 
-// decodeList streams a page: every item in order, the continue token
-// wherever the API server puts it, other keys skipped; a page that ends
+// decodeList streams a page: every item in order, the continue token and
+// the count of what remains wherever the API server puts it, other keys skipped; a page that ends
 // early or is not a list is an error, never a short list taken as whole.
 func TestDecodeListStreamsAPageAndRefusesATruncatedOne(t *testing.T) {
 	page := `{"kind":"VPCAttachmentList","apiVersion":"v1","items":[` +
 		`{"metadata":{"name":"a","namespace":"n","labels":{"x":"y"}},"spec":{"vpc":{"name":"v"}},"status":{"vpc":"1","vpcAttachment":"2"}},` +
 		`{"metadata":{"name":"b","namespace":"n"},"status":{}}` +
-		`],"metadata":{"resourceVersion":"7","continue":"next-page"}}`
+		`],"metadata":{"resourceVersion":"7","continue":"next-page","remainingItemCount":40}}`
 	var got []string
-	next, err := decodeList(strings.NewReader(page), func(it *proofItem) {
+	meta, err := decodeList(strings.NewReader(page), func(it *proofItem) {
 		got = append(got, it.Metadata.Namespace+"/"+it.Metadata.Name+":"+it.Status.VPC+"/"+it.Status.VPCAttachment)
 	})
-	if err != nil || next != "next-page" || !slices.Equal(got, []string{"n/a:1/2", "n/b:/"}) {
-		t.Fatalf("decodeList = %q, %v; items %q", next, err, got)
+	if err != nil || meta.Continue != "next-page" || meta.RemainingItemCount == nil || *meta.RemainingItemCount != 40 || meta.items != 2 ||
+		!slices.Equal(got, []string{"n/a:1/2", "n/b:/"}) {
+		t.Fatalf("decodeList = %+v, %v; items %q", meta, err, got)
 	}
 	for _, bad := range []string{page[:len(page)/2], page[:len(page)-1], `[]`, `{"items":{}}`, `{"items":[1]}`, ``} {
 		if _, err := decodeList(strings.NewReader(bad), func(*proofItem) {}); err == nil {

@@ -1,0 +1,149 @@
+package kubeinventory
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/rest"
+)
+
+// reader makes the consistent reads of both inventory sources: plain list
+// requests with no resourceVersion, which the API server answers at etcd's
+// current revision, never from a cache that may be behind. Each request is
+// bounded by Options.PageTimeout, from the request to its last byte
+// decoded, and its answer is streamed, never held whole.
+type reader struct {
+	host string
+	http *http.Client
+	opts Options
+	// proven is when the newest consistent read that succeeded started
+	// (unix nanoseconds): see ProvenAt.
+	proven atomic.Int64
+}
+
+func newReader(cfg *rest.Config, opts Options) (*reader, error) {
+	hc, err := rest.HTTPClientFor(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("inventory: http client: %w", err)
+	}
+	return &reader{host: strings.TrimSuffix(cfg.Host, "/"), http: hc, opts: opts}, nil
+}
+
+// ProvenAt is when the newest consistent read that succeeded started; zero
+// before the first. Watch events never move it: one arriving now may have
+// been sent long ago by an API server that is far behind, or through a link
+// that holds every answer back. With a probe every interval, a healthy API
+// server keeps the age (time since ProvenAt) under the interval plus one
+// round trip; an API server, or a link, d behind keeps it at d or more; a
+// partition makes every probe fail and the age grows without bound.
+func (r *reader) ProvenAt() time.Time {
+	at := r.proven.Load()
+	if at <= 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, at)
+}
+
+// markProven records that a consistent read started at start succeeded,
+// unless a newer one already did: reads overlap (a probe during a Prove), and
+// one that started earlier and ended later proves nothing newer.
+func (r *reader) markProven(start time.Time) {
+	at := start.UnixNano()
+	for {
+		old := r.proven.Load()
+		if old >= at || r.proven.CompareAndSwap(old, at) {
+			return
+		}
+	}
+}
+
+// listMeta is what a consistent read keeps of a list's metadata, and how
+// many items it held.
+type listMeta struct {
+	Continue string `json:"continue"`
+	// RemainingItemCount is how many objects the list holds beyond this
+	// page; the API server sets it on a limited list without selectors.
+	RemainingItemCount *int64 `json:"remainingItemCount"`
+	items              int
+}
+
+// pageQuery asks for a page of at most limit objects, after cont.
+func pageQuery(limit int, cont string) url.Values {
+	q := url.Values{"limit": {strconv.Itoa(limit)}}
+	if cont != "" {
+		q.Set("continue", cont)
+	}
+	return q
+}
+
+// page reads page n (from 1) of a consistent list of gvr in every
+// namespace, with query q, within Options.PageTimeout. An error names the
+// page.
+func (r *reader) page(ctx context.Context, gvr schema.GroupVersionResource, n int, q url.Values, each func(*proofItem)) (listMeta, error) {
+	pageCtx, cancel := context.WithTimeoutCause(ctx, r.opts.PageTimeout, errPageTimeout)
+	defer cancel()
+	meta, err := r.fetch(pageCtx, gvr, q, each)
+	if err == nil {
+		return meta, nil
+	}
+	what := fmt.Sprintf("page %d", n)
+	if l := q.Get("limit"); l != "" {
+		what += " (limit " + l + ")"
+	}
+	if f := q.Get("fieldSelector"); f != "" {
+		what += " (fieldSelector " + f + ")"
+	}
+	if errors.Is(context.Cause(pageCtx), errPageTimeout) {
+		// This page's own bound, not the caller's: say so, with the bound.
+		return meta, fmt.Errorf("%s: not answered within %s: %w", what, r.opts.PageTimeout, err)
+	}
+	return meta, fmt.Errorf("%s: %w", what, err)
+}
+
+// errPageTimeout is the cause of a page's context that ran out of
+// Options.PageTimeout, which tells it from a caller's deadline.
+var errPageTimeout = errors.New("page timeout")
+
+func (r *reader) fetch(ctx context.Context, gvr schema.GroupVersionResource, q url.Values, each func(*proofItem)) (listMeta, error) {
+	u := fmt.Sprintf("%s/apis/%s/%s/%s?%s", r.host, gvr.Group, gvr.Version, gvr.Resource, q.Encode())
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return listMeta{}, err
+	}
+	req.Header.Set("Accept", "application/json")
+	resp, err := r.http.Do(req)
+	if err != nil {
+		// The query (a continue token of a hundred characters) says
+		// nothing to an operator; the host and resource do.
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			ue.URL, _, _ = strings.Cut(ue.URL, "?")
+		}
+		return listMeta{}, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		var status metav1.Status
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+		if json.Unmarshal(body, &status) == nil && status.Message != "" {
+			return listMeta{}, fmt.Errorf("%s: %s", resp.Status, status.Message)
+		}
+		return listMeta{}, errors.New(resp.Status)
+	}
+	meta, err := decodeList(resp.Body, each)
+	if err != nil {
+		return listMeta{}, fmt.Errorf("decode list: %w", err)
+	}
+	return meta, nil
+}
