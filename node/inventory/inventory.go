@@ -181,17 +181,54 @@ type Source interface {
 // as its origin: no removal may rest on it.
 var ErrNotProvenCurrent = errors.New("inventory not proven current")
 
+// Proven is a source that reads an origin (the API server) which can
+// change behind its back, and says how new its newest answer is.
+type Proven interface {
+	// ProvenAt is when the newest consistent read of the origin that
+	// succeeded started (a Prove, an Ask, or a probe of the source's own).
+	// A watch event proves nothing: a delayed one arrives looking fresh.
+	ProvenAt() time.Time
+}
+
 // Prover is a Source whose origin can change behind its back (a cache of the
 // API server), and which can prove what it serves is current.
 type Prover interface {
 	Source
+	Proven
 	// Prove reads the origin now, consistently, and returns what it holds.
 	// An error wraps ErrNotProvenCurrent.
 	Prove(ctx context.Context) (Snapshot, error)
-	// ProvenAt is when the newest consistent read of the origin that
-	// succeeded started (a Prove, or a probe of the source's own). A watch
-	// event proves nothing: a delayed one arrives looking fresh.
-	ProvenAt() time.Time
+}
+
+// Asker is a Source that keeps no copy of the origin's objects: a pass asks
+// it about the identities it needs, and it reads the origin then,
+// consistently. Its Snapshot makes no request: it says how the origin
+// answered its last read (Synced, Err, and the size the brake weighs), and
+// carries the identities of no object.
+type Asker interface {
+	Source
+	Proven
+	// Ask reads the origin now, consistently, for every object that carries
+	// one of ids, and for the origin's health and size. The snapshot it
+	// returns answers Carried and Carriers for ids only, and is healthy by
+	// the same rule as any other. An error wraps ErrNotProvenCurrent.
+	Ask(ctx context.Context, ids []identity.Identity) (Snapshot, error)
+}
+
+// NewAskedSnapshot assembles an Asker's snapshot, taken now: objects are those
+// that carry the identities asked about, carrying says whether any
+// VPCAttachment carries an identity at all, and size is how many
+// VPCAttachments the origin holds, the measure the brake's shrink rule
+// weighs in place of the identities an inventory that sees every object
+// counts.
+func NewAskedSnapshot(objects []Object, carrying bool, size int) Snapshot {
+	s := NewSnapshot(objects, true, nil)
+	s.Attachments = 0
+	if carrying {
+		s.Attachments = max(size, 1)
+	}
+	s.identities = size
+	return s
 }
 
 // Object is an inventory object trimmed to what the reclaim needs: its
