@@ -115,14 +115,13 @@ func (r *reader) page(ctx context.Context, gvr schema.GroupVersionResource, n in
 // Options.PageTimeout, which tells it from a caller's deadline.
 var errPageTimeout = errors.New("page timeout")
 
+// maxRetries bounds the retries of one request the API server asked to
+// retry later, as client-go's rest client bounds them (10).
+const maxRetries = 10
+
 func (r *reader) fetch(ctx context.Context, gvr schema.GroupVersionResource, q url.Values, each func(*proofItem)) (listMeta, error) {
 	u := fmt.Sprintf("%s/apis/%s/%s/%s?%s", r.host, gvr.Group, gvr.Version, gvr.Resource, q.Encode())
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
-	if err != nil {
-		return listMeta{}, err
-	}
-	req.Header.Set("Accept", "application/json")
-	resp, err := r.http.Do(req)
+	resp, err := r.do(ctx, u)
 	if err != nil {
 		// The query (a continue token of a hundred characters) says
 		// nothing to an operator; the host and resource do.
@@ -146,4 +145,50 @@ func (r *reader) fetch(ctx context.Context, gvr schema.GroupVersionResource, q u
 		return listMeta{}, fmt.Errorf("decode list: %w", err)
 	}
 	return meta, nil
+}
+
+// do sends a GET of u, again after the delay the API server names when it
+// answers 429 or 5xx with a Retry-After (a watch cache re-initializing
+// answers 429 "storage is (re)initializing", Retry-After: 1), at most
+// maxRetries times and never past ctx: what client-go's rest client does
+// (k8s.io/client-go rest/with_retry.go, checkWait). Any other answer is
+// the caller's.
+func (r *reader) do(ctx context.Context, u string) (*http.Response, error) {
+	for retry := 0; ; retry++ {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+		if err != nil {
+			return nil, err
+		}
+		req.Header.Set("Accept", "application/json")
+		resp, err := r.http.Do(req)
+		if err != nil {
+			return nil, err
+		}
+		wait, ok := retryAfter(resp)
+		if !ok || retry == maxRetries {
+			return resp, nil
+		}
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+		resp.Body.Close()
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, fmt.Errorf("%s, retry after %s: %w", resp.Status, wait, context.Cause(ctx))
+		case <-t.C:
+		}
+	}
+}
+
+// retryAfter is the delay a 429 or 5xx answer asks for in whole seconds,
+// as client-go reads it.
+func retryAfter(resp *http.Response) (time.Duration, bool) {
+	if resp.StatusCode != http.StatusTooManyRequests && resp.StatusCode < 500 {
+		return 0, false
+	}
+	s, err := strconv.Atoi(resp.Header.Get("Retry-After"))
+	if err != nil || s < 0 {
+		return 0, false
+	}
+	return time.Duration(s) * time.Second, true
 }
