@@ -55,6 +55,7 @@ import (
 
 type daemonFlags struct {
 	nodeName, kubeconfig, inventoryFile   string
+	inventoryMode                         string
 	interval, minCandidateAge             time.Duration
 	inventoryMaxAge, proofTimeout         time.Duration
 	dryRun                                bool
@@ -82,6 +83,7 @@ func daemonFlagSet(f *daemonFlags) *flag.FlagSet {
 	fs.StringVar(&f.nodeName, "node-name", "", "this node's name (default $NODE_NAME, then the hostname)")
 	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster configuration)")
 	fs.StringVar(&f.inventoryFile, "inventory-file", "", "read the inventory from this YAML file instead of the cluster")
+	fs.StringVar(&f.inventoryMode, "inventory", inventoryCandidates, "how the cluster's inventory is read: candidates (ask the API server about the unheld taps' identities only, with consistent reads; no watch, no cache; needs the CRDs' selectableFields and one-spelling admission of deploy/crds or deploy/admission) or informers (watch every VPCAttachment and BGPAdvertisement of the cluster, for CRDs another system owns)")
 	fs.DurationVar(&f.interval, "interval", time.Minute, "time between passes; 0 runs passes only when forced")
 	fs.DurationVar(&f.minCandidateAge, "min-candidate-age", 5*time.Minute, "how long a tap must have been seen stale before a pass may remove it, on top of two passes; 0 only for labs and tests")
 	fs.DurationVar(&f.inventoryMaxAge, "inventory-max-age", 5*time.Minute, "readiness fails when the newest consistent read of the API server that succeeded started longer ago than this (watch events do not count: they may arrive late); the daemon probes with one every quarter of this (at least every 1s; every 75s with 0), so an API server or link d behind keeps the age at d or more; 0 disables")
@@ -150,6 +152,9 @@ func parseDaemonFlagsUnchecked(args, environ []string, stdout io.Writer) (*daemo
 	}
 	if f.proofTimeout <= 0 {
 		return nil, errors.New("--inventory-proof-timeout must be positive")
+	}
+	if f.inventoryMode != inventoryCandidates && f.inventoryMode != inventoryInformers {
+		return nil, fmt.Errorf("--inventory %q: want %s or %s", f.inventoryMode, inventoryCandidates, inventoryInformers)
 	}
 	if f.inventoryMaxAge < 0 {
 		return nil, errors.New("--inventory-max-age must not be negative")
@@ -309,7 +314,7 @@ func runDaemon(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 	}
 	klogroute.Into(log)
 	log.Info("galactic-node starting", "version", buildinfo.Version(version), "interval", f.interval, "min_candidate_age", f.minCandidateAge, "dry_run", f.dryRun,
-		"max_reclaims_per_pass", f.maxReclaims, "bpffs", f.bpffs, "inventory_file", f.inventoryFile, "gc_percent", setGCPercent(environ),
+		"max_reclaims_per_pass", f.maxReclaims, "bpffs", f.bpffs, "inventory_file", f.inventoryFile, "inventory", f.inventoryMode, "gc_percent", setGCPercent(environ),
 		"brake_memory", f.brakeMemory, "cni_data_dir", f.cniDataDir)
 
 	d := &daemon{f: f, log: log, passDone: make(chan struct{}, 1)}
@@ -430,14 +435,33 @@ func (d *daemon) openInventory(ctx context.Context) error {
 		d.inv = inventory.NewFile(f.inventoryFile)
 		return nil
 	}
-	ci, err := kubeinventory.NewCluster(d.cluster, d.log, kubeinventory.Options{PageTimeout: f.proofTimeout, ProbeInterval: probeInterval(f.inventoryMaxAge)})
+	opts := kubeinventory.Options{PageTimeout: f.proofTimeout, ProbeInterval: probeInterval(f.inventoryMaxAge)}
+	if f.inventoryMode == inventoryInformers {
+		d.log.Info("inventory: informers", "why", "--inventory=informers: every VPCAttachment and BGPAdvertisement of the cluster watched and cached, each removal proven by a consistent read of them all")
+		ci, err := kubeinventory.NewCluster(d.cluster, d.log, opts)
+		if err != nil {
+			return err
+		}
+		ci.Start(ctx)
+		d.inv = ci
+		return nil
+	}
+	d.log.Info("inventory: candidates", "why", "the default: no watch and no cache; each pass asks the API server, consistently, about the identities of its unheld taps only",
+		"needs", "selectableFields status.vpc and status.vpcAttachment on the VPCAttachment CRD, and one spelling of each identity (deploy/crds or deploy/admission); without them every pass fails to ask and removes nothing: run --inventory=informers")
+	ca, err := kubeinventory.NewCandidates(d.cluster, d.log, opts)
 	if err != nil {
 		return err
 	}
-	ci.Start(ctx)
-	d.inv = ci
+	ca.Start(ctx)
+	d.inv = ca
 	return nil
 }
+
+// Inventory modes (--inventory).
+const (
+	inventoryCandidates = "candidates"
+	inventoryInformers  = "informers"
+)
 
 func (d *daemon) openMetrics(context.Context) error {
 	d.reg = prometheus.NewRegistry()
@@ -449,7 +473,7 @@ func (d *daemon) openMetrics(context.Context) error {
 	}
 	d.metrics = metrics
 	metrics.SetConfig(d.f.dryRun, d.f.interval)
-	if p, ok := d.inv.(inventory.Prover); ok {
+	if p, ok := d.inv.(inventory.Proven); ok {
 		if err := reclaimmetrics.RegisterInventoryAge(d.reg, p); err != nil {
 			return err
 		}

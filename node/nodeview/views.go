@@ -35,7 +35,7 @@ type Views struct {
 	Registry  *attachreg.Registry
 	Datapath  *datapath.Datapath
 	// MaxInventoryAge is how long an inventory that caches the API server
-	// (an inventory.Prover) may go unproven before Ready says so. 0: no
+	// (an inventory.Proven) may go unproven before Ready says so. 0: no
 	// bound.
 	MaxInventoryAge time.Duration
 	// Holders names the processes holding each tap, for operators; no
@@ -75,6 +75,10 @@ type Prober interface {
 // opens the tun device and reads the link again, and a request must not
 // turn into a probe of every tap on a node with thousands of candidates.
 const MaxProbesPerView = 16
+
+// MaxAskedPerView bounds the identities one Taps call asks an
+// inventory.Asker about: each costs the API server three small reads.
+const MaxAskedPerView = 64
 
 // scanMaxAge is how long Status and the metrics reuse a holder scan: a
 // scrape or status flood must not turn into a /proc walk each.
@@ -127,7 +131,11 @@ type TapView struct {
 	// the identity; Carriers counts them all.
 	CarriedBy []inventory.ObjectRef `json:"carriedBy"`
 	Carriers  int                   `json:"carriers"`
-	State     TapState              `json:"state"`
+	// CarriersUnknown says why CarriedBy is not known: an inventory that
+	// keeps no copy of the cluster (--inventory=candidates) is asked, and
+	// the ask failed or the tap was beyond MaxAskedPerView.
+	CarriersUnknown string   `json:"carriersUnknown,omitempty"`
+	State           TapState `json:"state"`
 	// Program is what the tap's pinned link runs; nil when none is
 	// attached.
 	Program *attachreg.Program `json:"program,omitempty"`
@@ -182,7 +190,7 @@ func (v *Views) Taps(ctx context.Context) ([]TapView, error) {
 	for _, l := range links {
 		names[l.Index] = l.Name
 	}
-	snap := v.Inventory.Snapshot(ctx)
+	snap, unknown := v.carriers(ctx, link.TenantTaps(links))
 	pending := map[uint32]reclaim.Pending{}
 	for _, p := range v.Reclaimer.Pending() {
 		pending[p.Tap.Ifindex] = p
@@ -220,6 +228,7 @@ func (v *Views) Taps(ctx context.Context) ([]TapView, error) {
 		if view.CarriedBy == nil {
 			view.CarriedBy = []inventory.ObjectRef{}
 		}
+		view.CarriersUnknown = unknown(t.Identity)
 		var tapPending *reclaim.Pending
 		if p, ok := pending[t.Index]; ok {
 			tapPending = &p
@@ -256,6 +265,35 @@ func (v *Views) Taps(ctx context.Context) ([]TapView, error) {
 // reason a probe may keep a pass's own claim out (that pass then keeps the
 // tap), or find the pass's claim (the view then reads held), both on the
 // side of keeping the tap.
+// carriers returns the snapshot a view names the carriers of taps from, and
+// why a tap's carriers are not known. An inventory that keeps no copy of
+// the cluster is asked, consistently, about at most MaxAskedPerView of
+// the taps' identities.
+func (v *Views) carriers(ctx context.Context, taps []link.Tap) (inventory.Snapshot, func(identity.Identity) string) {
+	a, ok := v.Inventory.(inventory.Asker)
+	if !ok {
+		return v.Inventory.Snapshot(ctx), func(identity.Identity) string { return "" }
+	}
+	asked := map[identity.Identity]bool{}
+	var ids []identity.Identity
+	for _, t := range taps {
+		if !asked[t.Identity] && len(ids) < MaxAskedPerView {
+			asked[t.Identity] = true
+			ids = append(ids, t.Identity)
+		}
+	}
+	snap, err := a.Ask(ctx, ids)
+	return snap, func(id identity.Identity) string {
+		switch {
+		case err != nil:
+			return "the inventory could not be asked: " + err.Error()
+		case !asked[id]:
+			return fmt.Sprintf("not asked: a view asks the API server about %d identities at most", MaxAskedPerView)
+		}
+		return ""
+	}
+}
+
 func (v *Views) askKernel(ctx context.Context, t link.Tap, carried bool, probes *int) (bool, string) {
 	if t.Tun == nil || t.Tun.Err() != nil || t.Tun.MultiQueue {
 		return false, ""
@@ -339,7 +377,7 @@ func (v *Views) Ready(ctx context.Context) error {
 	if !snap.Synced {
 		return inventory.ErrNotSynced
 	}
-	if p, ok := v.Inventory.(inventory.Prover); ok && v.MaxInventoryAge > 0 {
+	if p, ok := v.Inventory.(inventory.Proven); ok && v.MaxInventoryAge > 0 {
 		at := p.ProvenAt()
 		if at.IsZero() {
 			return fmt.Errorf("%w: no consistent read of the API server has succeeded yet", inventory.ErrNotProvenCurrent)
@@ -527,7 +565,7 @@ func (v *Views) Status(ctx context.Context) Status {
 		st.LastPass = &PassSummary{Started: r.Started, Finished: r.Finished, Result: r.Result, Reason: r.Reason,
 			DryRun: r.DryRun, Reclaimed: len(r.Reclaimed), Failed: len(r.Failed)}
 	}
-	if p, ok := v.Inventory.(inventory.Prover); ok {
+	if p, ok := v.Inventory.(inventory.Proven); ok {
 		st.InventoryProvenAt = p.ProvenAt()
 	}
 	st.HolderScan = v.HolderScan(ctx)

@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
 	"golang.org/x/sys/unix"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
@@ -106,6 +107,29 @@ type scene struct {
 // live attachment. inv, when given, replaces the cluster inventory.
 func newScene(t *testing.T, cluster *clustertest.Cluster, inv inventory.Source) *scene {
 	t.Helper()
+	return newSceneIn(t, informers, cluster, inv)
+}
+
+// inventoryMode is how a scene reads the cluster: the daemon's two
+// --inventory modes.
+type inventoryMode string
+
+const (
+	informers  inventoryMode = "informers"
+	candidates inventoryMode = "candidates"
+)
+
+// eachMode runs test once in each inventory mode: every safety rule must
+// hold whichever way the node reads the cluster.
+func eachMode(t *testing.T, test func(t *testing.T, mode inventoryMode)) {
+	for _, m := range []inventoryMode{informers, candidates} {
+		t.Run(string(m), func(t *testing.T) { test(t, m) })
+	}
+}
+
+// newSceneIn is newScene with the cluster read in mode.
+func newSceneIn(t *testing.T, mode inventoryMode, cluster *clustertest.Cluster, inv inventory.Source) *scene {
+	t.Helper()
 	nettest.RequireTCX(t) // taps are registered, which attaches the program
 	s := &scene{t: t, ns: nettest.NewNS(t), cluster: cluster, lockDir: t.TempDir()}
 	s.conn = s.ns.Dial(t)
@@ -132,7 +156,7 @@ func newScene(t *testing.T, cluster *clustertest.Cluster, inv inventory.Source) 
 	}
 	waitLive := inv == nil
 	if waitLive {
-		inv = startInventory(t, cluster.Config)
+		inv = startInventoryIn(t, mode, cluster.Config)
 	}
 	s.inv = inv
 	s.prom = prometheus.NewPedanticRegistry()
@@ -177,8 +201,40 @@ func startInventory(t *testing.T, cfg *rest.Config) *kubeinventory.Cluster {
 	return inv
 }
 
-// switchable lets a test replace the inventory between passes.
+// startInventoryIn runs the inventory of mode over cfg until the test ends.
+func startInventoryIn(t *testing.T, mode inventoryMode, cfg *rest.Config) inventory.Source {
+	t.Helper()
+	if mode == informers {
+		return startInventory(t, cfg)
+	}
+	inv, err := kubeinventory.NewCandidates(cfg, nil, kubeinventory.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	inv.Start(ctx)
+	return inv
+}
+
+// switchable lets a test replace the inventory between passes. It is an
+// inventory.Asker, so that a pass asks whatever it holds as it would ask
+// that source: an Asker is asked, any other source's Snapshot stands.
 type switchable struct{ inventory.Source }
+
+func (s *switchable) Ask(ctx context.Context, ids []identity.Identity) (inventory.Snapshot, error) {
+	if a, ok := s.Source.(inventory.Asker); ok {
+		return a.Ask(ctx, ids)
+	}
+	return s.Source.Snapshot(ctx), nil
+}
+
+func (s *switchable) ProvenAt() time.Time {
+	if p, ok := s.Source.(inventory.Proven); ok {
+		return p.ProvenAt()
+	}
+	return time.Time{}
+}
 
 func envtestUser(name string) envtest.User { return envtest.User{Name: name} }
 
@@ -207,7 +263,7 @@ func (s *scene) waitInventory(what string, cond func(*inventory.Snapshot) bool) 
 	// A wait, not a timing assertion: generous for a loaded CI machine.
 	deadline := time.Now().Add(60 * time.Second)
 	for {
-		snap := s.inv.Snapshot(context.Background())
+		snap := s.snapshot()
 		if cond(&snap) {
 			return
 		}
@@ -216,6 +272,30 @@ func (s *scene) waitInventory(what string, cond func(*inventory.Snapshot) bool) 
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// snapshot is what the scene's inventory says now. An inventory that keeps
+// no copy of the cluster is asked, as a pass would ask it, about the
+// identities of the scene's taps and the live attachment's.
+func (s *scene) snapshot() inventory.Snapshot {
+	s.t.Helper()
+	a, ok := s.inv.(inventory.Asker)
+	if !ok {
+		return s.inv.Snapshot(context.Background())
+	}
+	links, err := s.conn.Links(context.Background())
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	ids := []identity.Identity{live}
+	for _, tp := range link.TenantTaps(links) {
+		ids = append(ids, tp.Identity)
+	}
+	snap, err := a.Ask(context.Background(), ids)
+	if err != nil {
+		return inventory.Snapshot{Err: err}
+	}
+	return snap
 }
 
 // addTap creates and registers a tap as CNI ADD does, stamped by owner.
@@ -327,140 +407,148 @@ func matches(m *dto.Metric, labels map[string]string) bool {
 }
 
 func TestAStaleTapGoesOnTheSecondPassWithItsRowsAndRoutes(t *testing.T) {
-	s := newScene(t, clustertest.Shared(t), nil)
-	liveTap := s.addTap(live, "sandbox-live")
-	stale := s.addTap(staleID(1), "sandbox-gone")
-	if s.rowsOf(stale.Index) == 0 || s.routesVia(stale.Name) != 2 {
-		t.Fatalf("scene: rows %d routes %d", s.rowsOf(stale.Index), s.routesVia(stale.Name))
-	}
-	rep := s.pass()
-	if !s.exists(stale) || len(rep.Candidates) != 1 || metricValue(t, s.prom, "galactic_cni_stale_taps_pending", nil) != 1 {
-		t.Fatalf("pass 1: %+v", rep)
-	}
-	rep = s.pass()
-	if s.exists(stale) || len(rep.Reclaimed) != 1 {
-		t.Fatalf("pass 2: %+v; want the stale tap gone", rep)
-	}
-	if n := s.rowsOf(stale.Index); n != 0 {
-		t.Errorf("%d eBPF rows or attachments of the reclaimed tap remain", n)
-	}
-	if n := s.routesVia(stale.Name); n != 0 {
-		t.Errorf("%d routes through the reclaimed tap remain", n)
-	}
-	if !s.exists(liveTap) || s.rowsOf(liveTap.Index) == 0 {
-		t.Error("the live tap or its rows were touched")
-	}
-	if v := metricValue(t, s.prom, "galactic_cni_stale_taps_reclaimed_total", nil); v != 1 {
-		t.Errorf("reclaimed_total = %v, want 1", v)
-	}
-	if v := metricValue(t, s.prom, "galactic_cni_stale_taps_pending", nil); v != 0 {
-		t.Errorf("pending = %v, want 0", v)
-	}
-	if v := metricValue(t, s.prom, "galactic_cni_stale_tap_passes_total", map[string]string{"result": "completed"}); v != 2 {
-		t.Errorf("completed passes = %v, want 2", v)
-	}
-	if problems, err := testutil.GatherAndLint(s.prom); err != nil || len(problems) != 0 {
-		t.Errorf("metrics lint: %v %v", problems, err)
-	}
+	eachMode(t, func(t *testing.T, mode inventoryMode) {
+		s := newSceneIn(t, mode, clustertest.Shared(t), nil)
+		liveTap := s.addTap(live, "sandbox-live")
+		stale := s.addTap(staleID(1), "sandbox-gone")
+		if s.rowsOf(stale.Index) == 0 || s.routesVia(stale.Name) != 2 {
+			t.Fatalf("scene: rows %d routes %d", s.rowsOf(stale.Index), s.routesVia(stale.Name))
+		}
+		rep := s.pass()
+		if !s.exists(stale) || len(rep.Candidates) != 1 || metricValue(t, s.prom, "galactic_cni_stale_taps_pending", nil) != 1 {
+			t.Fatalf("pass 1: %+v", rep)
+		}
+		rep = s.pass()
+		if s.exists(stale) || len(rep.Reclaimed) != 1 {
+			t.Fatalf("pass 2: %+v; want the stale tap gone", rep)
+		}
+		if n := s.rowsOf(stale.Index); n != 0 {
+			t.Errorf("%d eBPF rows or attachments of the reclaimed tap remain", n)
+		}
+		if n := s.routesVia(stale.Name); n != 0 {
+			t.Errorf("%d routes through the reclaimed tap remain", n)
+		}
+		if !s.exists(liveTap) || s.rowsOf(liveTap.Index) == 0 {
+			t.Error("the live tap or its rows were touched")
+		}
+		if v := metricValue(t, s.prom, "galactic_cni_stale_taps_reclaimed_total", nil); v != 1 {
+			t.Errorf("reclaimed_total = %v, want 1", v)
+		}
+		if v := metricValue(t, s.prom, "galactic_cni_stale_taps_pending", nil); v != 0 {
+			t.Errorf("pending = %v, want 0", v)
+		}
+		if v := metricValue(t, s.prom, "galactic_cni_stale_tap_passes_total", map[string]string{"result": "completed"}); v != 2 {
+			t.Errorf("completed passes = %v, want 2", v)
+		}
+		if problems, err := testutil.GatherAndLint(s.prom); err != nil || len(problems) != 0 {
+			t.Errorf("metrics lint: %v %v", problems, err)
+		}
+	})
 }
 
 func TestTapsInUseSurviveEveryPass(t *testing.T) {
-	s := newScene(t, clustertest.Shared(t), nil)
-	cluster := s.cluster
-	var keep []link.Tap
+	eachMode(t, func(t *testing.T, mode inventoryMode) {
+		s := newSceneIn(t, mode, clustertest.Shared(t), nil)
+		cluster := s.cluster
+		var keep []link.Tap
 
-	held := s.addTap(staleID(1), "sandbox-vmm")
-	nettest.Hold(t, s.ns, held.Name, nettest.HoldOptions{})
-	keep = append(keep, held)
+		held := s.addTap(staleID(1), "sandbox-vmm")
+		nettest.Hold(t, s.ns, held.Name, nettest.HoldOptions{})
+		keep = append(keep, held)
 
-	heldDown := s.addTap(staleID(2), "sandbox-vmm-down")
-	nettest.Hold(t, s.ns, heldDown.Name, nettest.HoldOptions{})
-	s.ns.IP(t, "link", "set", heldDown.Name, "down")
-	keep = append(keep, heldDown)
+		heldDown := s.addTap(staleID(2), "sandbox-vmm-down")
+		nettest.Hold(t, s.ns, heldDown.Name, nettest.HoldOptions{})
+		s.ns.IP(t, "link", "set", heldDown.Name, "down")
+		keep = append(keep, heldDown)
 
-	detached := s.addTap(staleID(3), "sandbox-detached")
-	nettest.Hold(t, s.ns, detached.Name, nettest.HoldOptions{Detached: 1})
-	keep = append(keep, detached)
+		detached := s.addTap(staleID(3), "sandbox-detached")
+		nettest.Hold(t, s.ns, detached.Name, nettest.HoldOptions{Detached: 1})
+		keep = append(keep, detached)
 
-	carried := identity.Identity{VPC: 62, Attachment: 200}
-	cluster.Apply(t, kubeinventory.AttachmentResource, clustertest.Attachment("tenant-b", "web", carried.VPC.Base62(), carried.Attachment.Base62()))
-	keep = append(keep, s.addTap(carried, "sandbox-web"))
+		carried := identity.Identity{VPC: 62, Attachment: 200}
+		cluster.Apply(t, kubeinventory.AttachmentResource, clustertest.Attachment("tenant-b", "web", carried.VPC.Base62(), carried.Attachment.Base62()))
+		keep = append(keep, s.addTap(carried, "sandbox-web"))
 
-	advertised := identity.Identity{VPC: 0x3e, Attachment: 0x41}
-	cluster.Apply(t, kubeinventory.AdvertisementResource, clustertest.Advertisement("node-b", advertised.AdvertisementName(), "node-b"))
-	keep = append(keep, s.addTap(advertised, "sandbox-moved"))
+		advertised := identity.Identity{VPC: 0x3e, Attachment: 0x41}
+		cluster.Apply(t, kubeinventory.AdvertisementResource, clustertest.Advertisement("node-b", advertised.AdvertisementName(), "node-b"))
+		keep = append(keep, s.addTap(advertised, "sandbox-moved"))
 
-	unstamped := staleID(4)
-	nettest.NewTap(t, s.ns, unstamped.TapName(), tun.Mode{})
-	nettest.NewTap(t, s.ns, "eth9", tun.Mode{}) // not a tenant tap
-	s.ns.IP(t, "link", "set", "eth9", "alias", "sandbox-eth9")
+		unstamped := staleID(4)
+		nettest.NewTap(t, s.ns, unstamped.TapName(), tun.Mode{})
+		nettest.NewTap(t, s.ns, "eth9", tun.Mode{}) // not a tenant tap
+		s.ns.IP(t, "link", "set", "eth9", "alias", "sandbox-eth9")
 
-	s.waitInventory("the attachment and the advertisement", func(snap *inventory.Snapshot) bool {
-		return snap.Carried(carried) && snap.Carried(advertised)
+		s.waitInventory("the attachment and the advertisement", func(snap *inventory.Snapshot) bool {
+			return snap.Carried(carried) && snap.Carried(advertised)
+		})
+		for i := range 4 {
+			rep := s.pass()
+			if len(rep.Candidates) != 0 || len(rep.Reclaimed) != 0 {
+				t.Fatalf("pass %d: candidates %+v reclaimed %+v", i+1, rep.Candidates, rep.Reclaimed)
+			}
+		}
+		for _, tp := range keep {
+			if !s.exists(tp) || s.rowsOf(tp.Index) == 0 {
+				t.Errorf("tap %s (%s) or its rows were removed", tp.Name, tp.Alias)
+			}
+		}
+		for _, name := range []string{unstamped.TapName(), "eth9"} {
+			if _, err := s.conn.GetByName(context.Background(), name); err != nil {
+				t.Errorf("%s: %v", name, err)
+			}
+		}
 	})
-	for i := range 4 {
-		rep := s.pass()
-		if len(rep.Candidates) != 0 || len(rep.Reclaimed) != 0 {
-			t.Fatalf("pass %d: candidates %+v reclaimed %+v", i+1, rep.Candidates, rep.Reclaimed)
-		}
-	}
-	for _, tp := range keep {
-		if !s.exists(tp) || s.rowsOf(tp.Index) == 0 {
-			t.Errorf("tap %s (%s) or its rows were removed", tp.Name, tp.Alias)
-		}
-	}
-	for _, name := range []string{unstamped.TapName(), "eth9"} {
-		if _, err := s.conn.GetByName(context.Background(), name); err != nil {
-			t.Errorf("%s: %v", name, err)
-		}
-	}
 }
 
 func TestARecreatedOrRestampedTapIsNotRemovedByTheNextPass(t *testing.T) {
-	s := newScene(t, clustertest.Shared(t), nil)
-	ctx := context.Background()
-	a := s.addTap(staleID(1), "sandbox-1")
-	b := s.addTap(staleID(2), "sandbox-2")
-	s.pass()
+	eachMode(t, func(t *testing.T, mode inventoryMode) {
+		s := newSceneIn(t, mode, clustertest.Shared(t), nil)
+		ctx := context.Background()
+		a := s.addTap(staleID(1), "sandbox-1")
+		b := s.addTap(staleID(2), "sandbox-2")
+		s.pass()
 
-	if err := s.taps.Delete(ctx, a.Identity, "sandbox-1"); err != nil {
-		t.Fatal(err)
-	}
-	a2 := s.addTap(staleID(1), "sandbox-1")
-	if a2.Index == a.Index {
-		t.Fatal("the kernel reused the ifindex")
-	}
-	s.ns.IP(t, "link", "set", b.Name, "alias", "sandbox-2-again")
-	b2, _ := s.conn.Get(ctx, b.Index)
+		if err := s.taps.Delete(ctx, a.Identity, "sandbox-1"); err != nil {
+			t.Fatal(err)
+		}
+		a2 := s.addTap(staleID(1), "sandbox-1")
+		if a2.Index == a.Index {
+			t.Fatal("the kernel reused the ifindex")
+		}
+		s.ns.IP(t, "link", "set", b.Name, "alias", "sandbox-2-again")
+		b2, _ := s.conn.Get(ctx, b.Index)
 
-	rep := s.pass()
-	if len(rep.Reclaimed) != 0 || !s.exists(a2) || !s.exists(link.Tap{Link: b2}) {
-		t.Fatalf("the pass after a re-create and a restamp removed: %+v", rep.Reclaimed)
-	}
-	if rep := s.pass(); len(rep.Reclaimed) != 2 {
-		t.Fatalf("then both, stale for two passes as they are now, go: %+v", rep.Reclaimed)
-	}
+		rep := s.pass()
+		if len(rep.Reclaimed) != 0 || !s.exists(a2) || !s.exists(link.Tap{Link: b2}) {
+			t.Fatalf("the pass after a re-create and a restamp removed: %+v", rep.Reclaimed)
+		}
+		if rep := s.pass(); len(rep.Reclaimed) != 2 {
+			t.Fatalf("then both, stale for two passes as they are now, go: %+v", rep.Reclaimed)
+		}
+	})
 }
 
 func TestALateTapOrALateAttachmentIsKept(t *testing.T) {
-	s := newScene(t, clustertest.Shared(t), nil)
-	s.pass()
-	late := s.addTap(staleID(1), "sandbox-late") // created after pass 1 read the links
-	if rep := s.pass(); !s.exists(late) || len(rep.Confirmed) != 0 {
-		t.Fatalf("a tap created after a pass read the links was confirmed by the next: %+v", rep)
-	}
+	eachMode(t, func(t *testing.T, mode inventoryMode) {
+		s := newSceneIn(t, mode, clustertest.Shared(t), nil)
+		s.pass()
+		late := s.addTap(staleID(1), "sandbox-late") // created after pass 1 read the links
+		if rep := s.pass(); !s.exists(late) || len(rep.Confirmed) != 0 {
+			t.Fatalf("a tap created after a pass read the links was confirmed by the next: %+v", rep)
+		}
 
-	comeback := s.addTap(staleID(2), "sandbox-comeback")
-	s.pass() // marks it
-	s.cluster.Apply(t, kubeinventory.AttachmentResource, clustertest.Attachment("tenant-a", "comeback", comeback.Identity.VPC.Base62(), comeback.Identity.Attachment.Base62()))
-	s.waitInventory("the late attachment", func(snap *inventory.Snapshot) bool { return snap.Carried(comeback.Identity) })
-	rep := s.pass()
-	if !s.exists(comeback) {
-		t.Fatalf("a tap whose VPCAttachment appeared before the pass was removed: %+v", rep)
-	}
-	if s.exists(late) {
-		t.Fatal("the late tap, now stale for two passes, should be gone")
-	}
+		comeback := s.addTap(staleID(2), "sandbox-comeback")
+		s.pass() // marks it
+		s.cluster.Apply(t, kubeinventory.AttachmentResource, clustertest.Attachment("tenant-a", "comeback", comeback.Identity.VPC.Base62(), comeback.Identity.Attachment.Base62()))
+		s.waitInventory("the late attachment", func(snap *inventory.Snapshot) bool { return snap.Carried(comeback.Identity) })
+		rep := s.pass()
+		if !s.exists(comeback) {
+			t.Fatalf("a tap whose VPCAttachment appeared before the pass was removed: %+v", rep)
+		}
+		if s.exists(late) {
+			t.Fatal("the late tap, now stale for two passes, should be gone")
+		}
+	})
 }
 
 // assertOnlyMarksAfter runs the healthy passes that follow an unhealthy
@@ -476,23 +564,25 @@ func assertOnlyMarksAfter(t *testing.T, s *scene, stale link.Tap) {
 }
 
 func TestAClusterWithNoIdentityCarryingAttachmentRemovesNothing(t *testing.T) {
-	s := newScene(t, clustertest.Shared(t), nil)
-	stale := s.addTap(staleID(1), "sandbox-1")
-	s.pass()
-	s.cluster.Delete(t, kubeinventory.AttachmentResource, "tenant-a", "live")
-	s.cluster.Apply(t, kubeinventory.AttachmentResource, clustertest.Attachment("tenant-a", "pending", "", ""))
-	s.waitInventory("no identity-carrying attachment", func(snap *inventory.Snapshot) bool { return snap.Attachments == 0 })
-	for range 2 {
-		if rep := s.pass(); rep.Result != reclaim.ResultSkipped || !s.exists(stale) {
-			t.Fatalf("pass with no identity-carrying attachment: %+v", rep)
+	eachMode(t, func(t *testing.T, mode inventoryMode) {
+		s := newSceneIn(t, mode, clustertest.Shared(t), nil)
+		stale := s.addTap(staleID(1), "sandbox-1")
+		s.pass()
+		s.cluster.Delete(t, kubeinventory.AttachmentResource, "tenant-a", "live")
+		s.cluster.Apply(t, kubeinventory.AttachmentResource, clustertest.Attachment("tenant-a", "pending", "", ""))
+		s.waitInventory("no identity-carrying attachment", func(snap *inventory.Snapshot) bool { return snap.Attachments == 0 })
+		for range 2 {
+			if rep := s.pass(); rep.Result != reclaim.ResultSkipped || !s.exists(stale) {
+				t.Fatalf("pass with no identity-carrying attachment: %+v", rep)
+			}
 		}
-	}
-	s.cluster.Apply(t, kubeinventory.AttachmentResource, clustertest.Attachment("tenant-a", "live", live.VPC.Base62(), live.Attachment.Base62()))
-	s.waitInventory("the live attachment back", func(snap *inventory.Snapshot) bool { return snap.Carried(live) })
-	assertOnlyMarksAfter(t, s, stale)
-	if v := metricValue(t, s.prom, "galactic_cni_stale_tap_passes_total", map[string]string{"result": "skipped"}); v != 2 {
-		t.Errorf("skipped passes = %v, want 2", v)
-	}
+		s.cluster.Apply(t, kubeinventory.AttachmentResource, clustertest.Attachment("tenant-a", "live", live.VPC.Base62(), live.Attachment.Base62()))
+		s.waitInventory("the live attachment back", func(snap *inventory.Snapshot) bool { return snap.Carried(live) })
+		assertOnlyMarksAfter(t, s, stale)
+		if v := metricValue(t, s.prom, "galactic_cni_stale_tap_passes_total", map[string]string{"result": "skipped"}); v != 2 {
+			t.Errorf("skipped passes = %v, want 2", v)
+		}
+	})
 }
 
 func TestAnInventoryNotYetSyncedRemovesNothing(t *testing.T) {
@@ -515,60 +605,64 @@ func TestAnInventoryNotYetSyncedRemovesNothing(t *testing.T) {
 }
 
 func TestAListForbiddenByRBACRemovesNothing(t *testing.T) {
-	cluster := clustertest.Shared(t)
-	user, err := cluster.Env.AddUser(envtestUser("node-without-rbac"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	forbidden := startInventory(t, user.Config())
-	sw := &switchable{Source: forbidden}
-	s := newScene(t, cluster, sw)
-	stale := s.addTap(staleID(1), "sandbox-1")
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		snap := forbidden.Snapshot(context.Background())
-		if err := snap.Healthy(); err != nil && strings.Contains(err.Error(), "forbidden") {
-			break
+	eachMode(t, func(t *testing.T, mode inventoryMode) {
+		cluster := clustertest.Shared(t)
+		user, err := cluster.Env.AddUser(envtestUser("node-without-rbac"), nil)
+		if err != nil {
+			t.Fatal(err)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("a forbidden list never showed: %v", snap.Healthy())
+		forbidden := startInventoryIn(t, mode, user.Config())
+		sw := &switchable{Source: forbidden}
+		s := newSceneIn(t, mode, cluster, sw)
+		stale := s.addTap(staleID(1), "sandbox-1")
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			snap := forbidden.Snapshot(context.Background())
+			if err := snap.Healthy(); err != nil && strings.Contains(err.Error(), "forbidden") {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("a forbidden list never showed: %v", snap.Healthy())
+			}
+			time.Sleep(20 * time.Millisecond)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	for range 2 {
-		if rep := s.pass(); rep.Result != reclaim.ResultSkipped || !s.exists(stale) || !strings.Contains(rep.Reason, "forbidden") {
-			t.Fatalf("pass with a forbidden list: %+v", rep)
+		for range 2 {
+			if rep := s.pass(); rep.Result != reclaim.ResultSkipped || !s.exists(stale) || !strings.Contains(rep.Reason, "forbidden") {
+				t.Fatalf("pass with a forbidden list: %+v", rep)
+			}
 		}
-	}
-	sw.Source = startInventory(t, cluster.Config)
-	s.waitInventory("an allowed inventory", func(snap *inventory.Snapshot) bool { return snap.Healthy() == nil })
-	assertOnlyMarksAfter(t, s, stale)
+		sw.Source = startInventoryIn(t, mode, cluster.Config)
+		s.waitInventory("an allowed inventory", func(snap *inventory.Snapshot) bool { return snap.Healthy() == nil })
+		assertOnlyMarksAfter(t, s, stale)
+	})
 }
 
 func TestAStoppedAPIServerRemovesNothing(t *testing.T) {
-	cluster := clustertest.Start(t) // its own: this test stops it
-	t.Cleanup(func() { _ = cluster.Env.Stop() })
-	s := newScene(t, cluster, nil)
-	stale := s.addTap(staleID(1), "sandbox-1")
-	s.pass()
+	eachMode(t, func(t *testing.T, mode inventoryMode) {
+		cluster := clustertest.Start(t) // its own: this test stops it
+		t.Cleanup(func() { _ = cluster.Env.Stop() })
+		s := newSceneIn(t, mode, cluster, nil)
+		stale := s.addTap(staleID(1), "sandbox-1")
+		s.pass()
 
-	apiserver := cluster.Env.ControlPlane.GetAPIServer()
-	stopStart := time.Now()
-	if err := apiserver.Stop(); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("API server stopped in %v", time.Since(stopStart))
-	s.waitInventory("the read failure", func(snap *inventory.Snapshot) bool { return snap.Err != nil })
-	for range 2 {
-		if rep := s.pass(); rep.Result != reclaim.ResultSkipped || !s.exists(stale) {
-			t.Fatalf("pass with the API server stopped: %+v", rep)
+		apiserver := cluster.Env.ControlPlane.GetAPIServer()
+		stopStart := time.Now()
+		if err := apiserver.Stop(); err != nil {
+			t.Fatal(err)
 		}
-	}
-	if err := apiserver.Start(); err != nil {
-		t.Fatal(err)
-	}
-	s.waitInventory("reads again", func(snap *inventory.Snapshot) bool { return snap.Healthy() == nil })
-	assertOnlyMarksAfter(t, s, stale)
+		t.Logf("API server stopped in %v", time.Since(stopStart))
+		s.waitInventory("the read failure", func(snap *inventory.Snapshot) bool { return snap.Err != nil })
+		for range 2 {
+			if rep := s.pass(); rep.Result != reclaim.ResultSkipped || !s.exists(stale) {
+				t.Fatalf("pass with the API server stopped: %+v", rep)
+			}
+		}
+		if err := apiserver.Start(); err != nil {
+			t.Fatal(err)
+		}
+		s.waitInventory("reads again", func(snap *inventory.Snapshot) bool { return snap.Healthy() == nil })
+		assertOnlyMarksAfter(t, s, stale)
+	})
 }
 
 // A failed link delete keeps the tap exactly as it was, rows and program
@@ -649,5 +743,72 @@ func TestAVRFLockHeldByAnotherProcessStopsTheDelete(t *testing.T) {
 	release()
 	if rep := s.pass(); s.exists(stale) || len(rep.Reclaimed) != 1 {
 		t.Fatalf("after the lock was released: %+v", rep)
+	}
+}
+
+// An attachment held by a finalizer still carries its identity while it is
+// being deleted: its tap stays until the object is gone, then goes by the
+// usual two passes. An attachment whose status is rewritten in place to
+// another identity carries the new one from then on: the old identity's
+// tap goes, the new one's stays, even if a pass had already marked it.
+// In each inventory mode. Fails if an object being deleted counted as gone,
+// or if a pass kept deciding by an identity the object no longer carries.
+func TestAFinalizerAndAnIdentityEditedInPlace(t *testing.T) {
+	eachMode(t, func(t *testing.T, mode inventoryMode) {
+		s := newSceneIn(t, mode, clustertest.Shared(t), nil)
+		ctx := context.Background()
+		atts := s.cluster.Client.Resource(kubeinventory.AttachmentResource).Namespace("tenant-a")
+		held, before, after := staleID(1), staleID(2), staleID(3)
+		obj := clustertest.Attachment("tenant-a", "finalized", held.VPC.Base62(), held.Attachment.Base62())
+		obj.SetFinalizers([]string{"example.com/hold"})
+		s.cluster.Apply(t, kubeinventory.AttachmentResource, obj)
+		s.cluster.Apply(t, kubeinventory.AttachmentResource, clustertest.Attachment("tenant-a", "edited", before.VPC.Base62(), before.Attachment.Base62()))
+		heldTap, beforeTap, afterTap := s.addTap(held, "sandbox-held"), s.addTap(before, "sandbox-before"), s.addTap(after, "sandbox-after")
+		s.waitInventory("both attachments", func(snap *inventory.Snapshot) bool { return snap.Carried(held) && snap.Carried(before) })
+		s.pass() // marks afterTap
+
+		if err := atts.Delete(ctx, "finalized", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		setStatus(t, s.cluster, "tenant-a", "edited", after)
+		s.waitInventory("the edit", func(snap *inventory.Snapshot) bool { return snap.Carried(after) && !snap.Carried(before) })
+		for i := range 3 {
+			rep := s.pass()
+			if !s.exists(heldTap) || !s.exists(afterTap) {
+				t.Fatalf("pass %d removed a tap whose attachment still carries it (finalizer pending, or edited to it): %+v", i, rep.Reclaimed)
+			}
+		}
+		if s.exists(beforeTap) {
+			t.Fatal("the tap of the identity edited away is still there after three passes")
+		}
+
+		u, err := atts.Get(ctx, "finalized", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		u.SetFinalizers(nil)
+		if _, err := atts.Update(ctx, u, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		s.waitInventory("the finalized attachment gone", func(snap *inventory.Snapshot) bool { return !snap.Carried(held) })
+		s.pass()
+		if rep := s.pass(); s.exists(heldTap) || !s.exists(afterTap) {
+			t.Fatalf("once its attachment is gone, the held tap should go and the other stay: %+v", rep)
+		}
+	})
+}
+
+// setStatus rewrites a VPCAttachment's identity through its status.
+func setStatus(t *testing.T, cluster *clustertest.Cluster, ns, name string, id identity.Identity) {
+	t.Helper()
+	ri := cluster.Client.Resource(kubeinventory.AttachmentResource).Namespace(ns)
+	u, err := ri.Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	status, _ := u.Object["status"].(map[string]any)
+	status["vpc"], status["vpcAttachment"] = id.VPC.Base62(), id.Attachment.Base62()
+	if _, err := ri.UpdateStatus(context.Background(), u, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
 	}
 }

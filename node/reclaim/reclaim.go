@@ -10,7 +10,9 @@
 // one that found it; a pass that would remove a mass of taps at once removes
 // none until released (the brake, brake.go); before any lock is taken, an
 // inventory that caches the API server is proven current by a consistent
-// read of it; just before removal, under the tap's VRF lock, the link is read
+// read of it, and one that keeps no copy of it (an inventory.Asker) is
+// asked, consistently, about the pass's unheld taps only, after the links
+// were read, which makes the ask the proof; just before removal, under the tap's VRF lock, the link is read
 // again and the identity checked against a fresh snapshot and that proof. Its
 // eBPF rows go through attachreg, as CNI DEL's do, and the kernel takes its
 // routes.
@@ -30,6 +32,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/datum-cloud/galactic-node/node/identity"
 	"github.com/datum-cloud/galactic-node/node/inventory"
 	"github.com/datum-cloud/galactic-node/node/link"
 	"github.com/datum-cloud/galactic-node/node/teardown"
@@ -428,6 +431,23 @@ func (r *Reclaimer) pass(ctx context.Context, started time.Time, opts PassOption
 	rep.Inputs.StampedTaps = len(stamped)
 
 	snap := r.inv.Snapshot(ctx)
+	// An inventory that keeps no copy of the cluster is asked about the
+	// unheld taps only, now, after the links were read: its answer is a
+	// consistent read, the proof the removal rests on. A pass with no
+	// unheld tap asks nothing.
+	var asked *inventory.Snapshot
+	if a, ok := r.inv.(inventory.Asker); ok {
+		if ids := unheldIdentities(stamped); len(ids) > 0 {
+			s, err := a.Ask(ctx, ids)
+			if err != nil {
+				rep.Result, rep.Reason = ResultSkipped, "nothing removed and every candidate forgotten: "+err.Error()
+				r.log.Warn("reclaim pass removed nothing", "reason", rep.Reason)
+				r.forget(opts)
+				return rep
+			}
+			snap, asked = s, &s
+		}
+	}
 	rep.Inputs.Identities, rep.Inputs.Attachments, rep.Inputs.Advertisements = snap.Identities(), snap.Attachments, snap.Advertisements
 	// A count and a capped sample: the report is kept and served.
 	malformed := malformedInputs(&rep.Inputs, &snap)
@@ -497,6 +517,9 @@ func (r *Reclaimer) pass(ctx context.Context, started time.Time, opts PassOption
 		r.log.Warn("reclaim pass removed nothing", "reason", rep.Reason)
 		r.forget(opts)
 		return rep
+	}
+	if proof == nil {
+		proof = asked
 	}
 	peak := r.observeSize(now, snap.Identities())
 	brake := r.applyBrake(now, confirmed, next, staleByProof, len(stamped), peak, snap.Identities(), opts)
@@ -585,6 +608,19 @@ func (r *Reclaimer) prove(ctx context.Context, p inventory.Prover) (inventory.Sn
 		err = proof.Healthy()
 	}
 	return proof, err
+}
+
+// unheldIdentities returns the identities of the taps nothing holds, as
+// far as the kernel's attributes tell: those a pass must ask about. A
+// single-queue tap with carrier off counts as unheld; its probe comes later.
+func unheldIdentities(taps []link.Tap) []identity.Identity {
+	var ids []identity.Identity
+	for _, t := range taps {
+		if held, _ := holder.Held(t); !held {
+			ids = append(ids, t.Identity)
+		}
+	}
+	return ids
 }
 
 // proveForBrake reads the API server consistently before the brake weighs a
@@ -698,8 +734,10 @@ func (r *Reclaimer) remove(ctx context.Context, confirmed []candidate, dump []li
 
 // inventoryRecheck is a pass's last word on its confirmed taps, asked under
 // the VRF locks after the links were read again: a fresh snapshot of the
-// inventory and, for one that caches the API server, the consistent read
-// made just before the locks were taken. It makes no request: a lock is
+// inventory and, for one that reads the API server, the consistent read
+// made before the locks were taken (the proof, or the ask). An Asker's
+// fresh snapshot carries nothing: it says only that its reads still
+// succeed. It makes no request: a lock is
 // held while it runs.
 type inventoryRecheck struct {
 	r     *Reclaimer

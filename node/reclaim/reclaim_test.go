@@ -39,8 +39,9 @@ func newHarness(inv inventory.Source, cfg Config) *harness {
 	cfg.LockTimeout = 50 * time.Millisecond
 	cfg = brakeOffUnlessSet(cfg)
 	var src inventory.Source = inventoryFunc(func(ctx context.Context) inventory.Snapshot { return h.inv.Snapshot(ctx) })
-	if p, ok := inv.(inventory.Prover); ok {
-		src = p // not switchable: the test changes what it serves instead
+	switch inv := inv.(type) {
+	case inventory.Prover, inventory.Asker:
+		src = inv // not switchable: the test changes what it serves instead
 	}
 	h.r = New(h.links, src, h.reg, h.lock, nil, nil, cfg)
 	return h
@@ -559,5 +560,66 @@ func TestTheProofIsReadBeforeAnyVRFLock(t *testing.T) {
 	}
 	if heldAtProof != 0 {
 		t.Fatalf("%d VRF locks held while the API server was read; want none", heldAtProof)
+	}
+}
+
+// askerInventory keeps no copy of the cluster: each Ask answers from
+// origin, for the identities asked only, as kubeinventory.Candidates does
+// with consistent reads. A fake for unit tests of the pass's asking; the
+// cluster tests ask a real API server.
+type askerInventory struct {
+	origin *inventory.Static
+	err    error
+	asked  [][]identity.Identity
+}
+
+func (a *askerInventory) Snapshot(context.Context) inventory.Snapshot {
+	return inventory.NewAskedSnapshot(nil, true, 1)
+}
+
+func (a *askerInventory) Ask(ctx context.Context, ids []identity.Identity) (inventory.Snapshot, error) {
+	a.asked = append(a.asked, slices.Clone(ids))
+	if a.err != nil {
+		return inventory.Snapshot{}, a.err
+	}
+	full := a.origin.Snapshot(ctx)
+	var objs []inventory.Object
+	for _, id := range ids {
+		for _, ref := range full.Carriers(id) {
+			objs = append(objs, inventory.Object{Ref: ref, Identities: []identity.Identity{id}})
+		}
+	}
+	return inventory.NewAskedSnapshot(objs, full.Attachments > 0, full.Attachments), nil
+}
+
+func (a *askerInventory) ProvenAt() time.Time { return time.Now() }
+
+// In the candidates mode a pass asks about its unheld taps only, and a
+// pass with none asks nothing; what the ask says carried is kept, what it
+// does not is removed on the second pass, and a failed ask removes nothing
+// and forgets every candidate. Fails if held taps are asked about, or if
+// the pass decides from the source's Snapshot, which carries nothing.
+func TestAPassAsksAboutItsUnheldTapsOnly(t *testing.T) {
+	inv := &askerInventory{origin: liveInventory()}
+	h := newHarness(inv, Config{})
+	h.links.addTap(identity.Identity{VPC: 62, Attachment: 7}, "sandbox-held", 1, 0)
+	h.pass(t)
+	if len(inv.asked) != 0 {
+		t.Fatalf("a pass whose taps are all held asked %v; want no request", inv.asked)
+	}
+	liveIdx := h.links.addTap(live, "sandbox-1", 0, 0)
+	staleIdx := h.links.addTap(stale, "sandbox-2", 0, 0)
+	h.pass(t)
+	if len(inv.asked) != 1 || len(inv.asked[0]) != 2 || !slices.Contains(inv.asked[0], live) || !slices.Contains(inv.asked[0], stale) {
+		t.Fatalf("asked %v, want the two unheld taps' identities", inv.asked)
+	}
+	inv.err = errInjected
+	if rep := h.pass(t); rep.Result != ResultSkipped || !h.links.has(staleIdx) || len(h.r.Pending()) != 0 {
+		t.Fatalf("a failed ask: %+v, pending %v", rep, h.r.Pending())
+	}
+	inv.err = nil
+	h.pass(t)
+	if rep := h.pass(t); h.links.has(staleIdx) || !h.links.has(liveIdx) || len(rep.Reclaimed) != 1 {
+		t.Fatalf("the stale tap must go and the live one stay: %+v", rep)
 	}
 }

@@ -173,7 +173,7 @@ func (m *Metrics) OrphanRowsCleared(mapName string, n int) {
 // succeeded started (inventory.Prover's ProvenAt), +Inf before the first. A
 // partitioned node's reads fail, and a slow API server's start long before
 // they end, so the age grows in both.
-func RegisterInventoryAge(reg prometheus.Registerer, p inventory.Prover) error {
+func RegisterInventoryAge(reg prometheus.Registerer, p inventory.Proven) error {
 	return reg.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "galactic_cni_inventory_age_seconds",
 		Help: "Seconds since the start of the newest consistent read of the API server that succeeded (a removing pass's, or the daemon's probe every quarter of --inventory-max-age); watch events do not count; +Inf before the first.",
