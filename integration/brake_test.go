@@ -59,6 +59,15 @@ func (r *remoteNode) attachedTaps(atts ...string) []string {
 	return names
 }
 
+// eachInventory runs test once in each of the daemon's inventory modes
+// (--inventory): the brake must hold a mass deletion whichever way the
+// node reads the cluster.
+func eachInventory(t *testing.T, test func(t *testing.T, mode string)) {
+	for _, mode := range []string{"candidates", "informers"} {
+		t.Run(mode, func(t *testing.T) { test(t, mode) })
+	}
+}
+
 // forceKeeping forces a pass and fails the test at once if it removed a
 // tap: while a mass deletion reaches the node, every pass must keep all.
 func (r *remoteNode) forceKeeping() passReport {
@@ -98,40 +107,42 @@ func (r *remoteNode) holdsThrough(names []string, held int) {
 // new, unrelated attachment then makes the inventory healthy again. The
 // node's five taps whose attachments went with the CRD must stay.
 func TestAReinstalledCRDWithOneNewObjectRemovesNothing(t *testing.T) {
-	cluster := clustertest.Start(t)
-	t.Cleanup(func() { _ = cluster.Env.Stop() })
-	atts := []string{"1", "2", "3", "4", "5"}
-	for _, att := range atts {
-		cluster.Apply(t, kubeinventory.AttachmentResource, clustertest.Attachment("tenant-a", "web-"+att, "a", att))
-	}
-	r := newRemoteNode(t, cluster)
-	names := r.attachedTaps(atts...)
-	r.start()
-	if rep := r.force(""); len(rep.Reclaimed) != 0 || r.pending(names[0]) {
-		t.Fatalf("a pass with every attachment present: %+v", rep)
-	}
+	eachInventory(t, func(t *testing.T, mode string) {
+		cluster := clustertest.Start(t)
+		t.Cleanup(func() { _ = cluster.Env.Stop() })
+		atts := []string{"1", "2", "3", "4", "5"}
+		for _, att := range atts {
+			cluster.Apply(t, kubeinventory.AttachmentResource, clustertest.Attachment("tenant-a", "web-"+att, "a", att))
+		}
+		r := newRemoteNode(t, cluster)
+		names := r.attachedTaps(atts...)
+		r.start("--inventory", mode)
+		if rep := r.force(""); len(rep.Reclaimed) != 0 || r.pending(names[0]) {
+			t.Fatalf("a pass with every attachment present: %+v", rep)
+		}
 
-	ctx := context.Background()
-	crd := "vpcattachments.cloud.datumapis.com"
-	if err := cluster.Client.Resource(crds).Delete(ctx, crd, metav1.DeleteOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, "the CRD gone", func() (bool, string) {
-		_, err := cluster.Client.Resource(crds).Get(ctx, crd, metav1.GetOptions{})
-		return apierrors.IsNotFound(err), fmt.Sprint(err)
+		ctx := context.Background()
+		crd := "vpcattachments.cloud.datumapis.com"
+		if err := cluster.Client.Resource(crds).Delete(ctx, crd, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "the CRD gone", func() (bool, string) {
+			_, err := cluster.Client.Resource(crds).Get(ctx, crd, metav1.GetOptions{})
+			return apierrors.IsNotFound(err), fmt.Sprint(err)
+		})
+		r.forceKeeping()
+		if _, err := envtest.InstallCRDs(cluster.Config, envtest.CRDInstallOptions{
+			Paths: []string{filepath.Join("..", "deploy", "crds", "cloud.datumapis.com_vpcattachments.yaml")}, ErrorIfPathMissing: true,
+		}); err != nil {
+			t.Fatalf("reinstall the CRD: %v", err)
+		}
+		cluster.Apply(t, kubeinventory.AttachmentResource, clustertest.Attachment("tenant-b", "db-1", "b", "1"))
+		eventually(t, "the node sees the new attachment", func() (bool, string) {
+			rep := r.forceKeeping()
+			return rep.Result == "completed" && r.pending(names[0]), rep.Result + ": " + rep.Reason
+		})
+		r.holdsThrough(names, len(names))
 	})
-	r.forceKeeping()
-	if _, err := envtest.InstallCRDs(cluster.Config, envtest.CRDInstallOptions{
-		Paths: []string{filepath.Join("..", "deploy", "crds", "cloud.datumapis.com_vpcattachments.yaml")}, ErrorIfPathMissing: true,
-	}); err != nil {
-		t.Fatalf("reinstall the CRD: %v", err)
-	}
-	cluster.Apply(t, kubeinventory.AttachmentResource, clustertest.Attachment("tenant-b", "db-1", "b", "1"))
-	eventually(t, "the node sees the new attachment", func() (bool, string) {
-		rep := r.forceKeeping()
-		return rep.Result == "completed" && r.pending(names[0]), rep.Result + ": " + rep.Reason
-	})
-	r.holdsThrough(names, len(names))
 }
 
 // Deleting a namespace that holds three of a node's four attachments leaves
@@ -142,74 +153,78 @@ func TestAReinstalledCRDWithOneNewObjectRemovesNothing(t *testing.T) {
 // The operator's release, `galactic-node pass --allow-mass-removal` run as
 // root on the node, then removes the three and keeps the fourth.
 func TestANamespaceDeleteHoldsItsTapsUntilReleased(t *testing.T) {
-	cluster := sharedWithLiveAttachment(t)
-	doomed := fmt.Sprintf("tenant-doomed-%d", time.Now().UnixNano()%1e6)
-	for _, att := range []string{"2", "3", "4"} {
-		cluster.Apply(t, kubeinventory.AttachmentResource, clustertest.Attachment(doomed, "web-"+att, "a", att))
-	}
-	r := newRemoteNode(t, cluster)
-	names := r.attachedTaps("1", "2", "3", "4")
-	r.start()
-	r.force("")
-
-	ctx := context.Background()
-	namespaces := schema.GroupVersionResource{Version: "v1", Resource: "namespaces"}
-	if err := cluster.Client.Resource(namespaces).Delete(ctx, doomed, metav1.DeleteOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if err := cluster.Client.Resource(kubeinventory.AttachmentResource).Namespace(doomed).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, "the node sees the namespace's attachments gone", func() (bool, string) {
-		rep := r.forceKeeping()
-		return r.pending(names[1]) && r.pending(names[3]), rep.Result + ": " + rep.Reason
-	})
-	r.holdsThrough(names, 3)
-
-	// The release, through the CLI an operator runs.
-	out, err := exec.Command("ip", "netns", "exec", r.ns.Name, binary, "pass", "--allow-mass-removal", "--socket", r.socket).CombinedOutput()
-	if err != nil {
-		t.Fatalf("galactic-node pass --allow-mass-removal: %v: %s", err, out)
-	}
-	if !strings.Contains(string(out), "mass-removal brake released") {
-		t.Errorf("the CLI does not say the brake was released:\n%s", out)
-	}
-	for _, name := range names[1:] {
-		if r.exists(name) {
-			t.Errorf("%s kept after the release:\n%s", name, out)
+	eachInventory(t, func(t *testing.T, mode string) {
+		cluster := sharedWithLiveAttachment(t)
+		doomed := fmt.Sprintf("tenant-doomed-%d", time.Now().UnixNano()%1e6)
+		for _, att := range []string{"2", "3", "4"} {
+			cluster.Apply(t, kubeinventory.AttachmentResource, clustertest.Attachment(doomed, "web-"+att, "a", att))
 		}
-	}
-	if !r.exists(names[0]) {
-		t.Fatal("the live attachment's tap was removed")
-	}
-	if b := r.brake(); b.Engaged {
-		t.Fatalf("brake %+v after the release", b)
-	}
-	if !strings.Contains(r.metrics(), "galactic_cni_mass_removal_brake_engaged 0") {
-		t.Fatal("the brake metric still says engaged")
-	}
+		r := newRemoteNode(t, cluster)
+		names := r.attachedTaps("1", "2", "3", "4")
+		r.start("--inventory", mode)
+		r.force("")
+
+		ctx := context.Background()
+		namespaces := schema.GroupVersionResource{Version: "v1", Resource: "namespaces"}
+		if err := cluster.Client.Resource(namespaces).Delete(ctx, doomed, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if err := cluster.Client.Resource(kubeinventory.AttachmentResource).Namespace(doomed).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "the node sees the namespace's attachments gone", func() (bool, string) {
+			rep := r.forceKeeping()
+			return r.pending(names[1]) && r.pending(names[3]), rep.Result + ": " + rep.Reason
+		})
+		r.holdsThrough(names, 3)
+
+		// The release, through the CLI an operator runs.
+		out, err := exec.Command("ip", "netns", "exec", r.ns.Name, binary, "pass", "--allow-mass-removal", "--socket", r.socket).CombinedOutput()
+		if err != nil {
+			t.Fatalf("galactic-node pass --allow-mass-removal: %v: %s", err, out)
+		}
+		if !strings.Contains(string(out), "mass-removal brake released") {
+			t.Errorf("the CLI does not say the brake was released:\n%s", out)
+		}
+		for _, name := range names[1:] {
+			if r.exists(name) {
+				t.Errorf("%s kept after the release:\n%s", name, out)
+			}
+		}
+		if !r.exists(names[0]) {
+			t.Fatal("the live attachment's tap was removed")
+		}
+		if b := r.brake(); b.Engaged {
+			t.Fatalf("brake %+v after the release", b)
+		}
+		if !strings.Contains(r.metrics(), "galactic_cni_mass_removal_brake_engaged 0") {
+			t.Fatal("the brake metric still says engaged")
+		}
+	})
 }
 
 // `kubectl delete vpcattachments --all -A`, then one of them re-created:
 // four of five taps stale at once stay.
 func TestDeleteAllThenOneRecreateRemovesNothing(t *testing.T) {
-	cluster := sharedWithLiveAttachment(t)
-	for _, att := range []string{"2", "3", "4", "5"} {
-		cluster.Apply(t, kubeinventory.AttachmentResource, clustertest.Attachment("tenant-a", "web-"+att, "a", att))
-	}
-	r := newRemoteNode(t, cluster)
-	names := r.attachedTaps("1", "2", "3", "4", "5")
-	r.start()
-	r.force("")
+	eachInventory(t, func(t *testing.T, mode string) {
+		cluster := sharedWithLiveAttachment(t)
+		for _, att := range []string{"2", "3", "4", "5"} {
+			cluster.Apply(t, kubeinventory.AttachmentResource, clustertest.Attachment("tenant-a", "web-"+att, "a", att))
+		}
+		r := newRemoteNode(t, cluster)
+		names := r.attachedTaps("1", "2", "3", "4", "5")
+		r.start("--inventory", mode)
+		r.force("")
 
-	cluster.DeleteAll(t, kubeinventory.AttachmentResource)
-	r.forceKeeping()
-	cluster.Apply(t, kubeinventory.AttachmentResource, clustertest.Attachment("tenant-a", "web-1", "a", "1"))
-	eventually(t, "the node sees the re-created attachment", func() (bool, string) {
-		rep := r.forceKeeping()
-		return rep.Result == "completed" && r.pending(names[1]) && !r.pending(names[0]), rep.Result + ": " + rep.Reason
+		cluster.DeleteAll(t, kubeinventory.AttachmentResource)
+		r.forceKeeping()
+		cluster.Apply(t, kubeinventory.AttachmentResource, clustertest.Attachment("tenant-a", "web-1", "a", "1"))
+		eventually(t, "the node sees the re-created attachment", func() (bool, string) {
+			rep := r.forceKeeping()
+			return rep.Result == "completed" && r.pending(names[1]) && !r.pending(names[0]), rep.Result + ": " + rep.Reason
+		})
+		r.holdsThrough(names, 4)
 	})
-	r.holdsThrough(names, 4)
 }
 
 // A file inventory that drops ten of a node's eleven attachments at once

@@ -134,8 +134,10 @@ func reclaimed(rep passReport, name string) bool {
 }
 
 // At 20,000 VPCAttachments and an API server whose every answer takes 2 s
-// to arrive, the consistent read before a removal takes five pages, over
-// 10 s in all, each page well within its bound: the stale tap is removed.
+// to arrive, the informers' consistent read before a removal takes five
+// pages, over 10 s in all, each page well within its bound, and the
+// candidates' ask a few reads of one object: in each mode the stale tap is
+// removed.
 // (When --inventory-proof-timeout bounded the whole read, the read always
 // timed out there, and nothing could ever be removed.)
 func TestRemovalCompletesAt20000AttachmentsWith2sPerResponse(t *testing.T) {
@@ -149,26 +151,28 @@ func TestRemovalCompletesAt20000AttachmentsWith2sPerResponse(t *testing.T) {
 	cluster.Apply(t, kubeinventory.AttachmentResource, clustertest.Attachment("tenant-a", "web-1", "a", "1"))
 	createAttachments(t, cluster, "bulk", n-1, bulkID)
 
-	var delay atomic.Int64
-	r, _ := newSlowRemoteNode(t, cluster, func() time.Duration { return time.Duration(delay.Load()) })
-	r.tapAdd("1", "sandbox-1")
-	r.tapAdd("3", "sandbox-3")
-	// The default bound, which the first flag (2 s) of start would lower.
-	r.start("--inventory-proof-timeout", "10s")
-	if rep := r.force(""); !r.pending("G00000000a003H") {
-		t.Fatalf("the stale tap is not a candidate: %+v", rep)
-	}
+	eachInventory(t, func(t *testing.T, mode string) {
+		var delay atomic.Int64
+		r, _ := newSlowRemoteNode(t, cluster, func() time.Duration { return time.Duration(delay.Load()) })
+		r.tapAdd("1", "sandbox-1")
+		r.tapAdd("3", "sandbox-3")
+		// The default bound, which the first flag (2 s) of start would lower.
+		r.start("--inventory-proof-timeout", "10s", "--inventory", mode)
+		if rep := r.force(""); !r.pending("G00000000a003H") {
+			t.Fatalf("the stale tap is not a candidate: %+v", rep)
+		}
 
-	delay.Store(int64(2 * time.Second))
-	start := time.Now()
-	rep := r.force("")
-	t.Logf("the removing pass over %d attachments, every answer 2 s late, took %s: %s %s", n, time.Since(start).Round(100*time.Millisecond), rep.Result, rep.Reason)
-	if !reclaimed(rep, "G00000000a003H") || r.exists("G00000000a003H") {
-		t.Fatalf("the stale tap was not removed: %s: %s (kept %+v)", rep.Result, rep.Reason, rep.Kept)
-	}
-	if !r.exists("G00000000a001H") {
-		t.Fatal("the live tap was removed")
-	}
+		delay.Store(int64(2 * time.Second))
+		start := time.Now()
+		rep := r.force("")
+		t.Logf("the removing pass over %d attachments, every answer 2 s late, took %s: %s %s", n, time.Since(start).Round(100*time.Millisecond), rep.Result, rep.Reason)
+		if !reclaimed(rep, "G00000000a003H") || r.exists("G00000000a003H") {
+			t.Fatalf("the stale tap was not removed: %s: %s (kept %+v)", rep.Result, rep.Reason, rep.Kept)
+		}
+		if !r.exists("G00000000a001H") {
+			t.Fatal("the live tap was removed")
+		}
+	})
 }
 
 // readAnswerSize is how many bytes the API server sends for the first page
@@ -228,7 +232,10 @@ func TestTapAddDoesNotWaitForASlowProof(t *testing.T) {
 	r.tapAdd("3", "sandbox-3")
 	// A bound on each page beyond the delay: the read must be slow, not
 	// failed.
-	r.start("--inventory-max-age", "10s", "--inventory-proof-timeout", "60s")
+	// The informers' read, whose first page is large enough to tell apart;
+	// the candidates' ask is made at the same point of the pass, before
+	// any lock (reclaim.pass), in reads of a few KiB.
+	r.start("--inventory-max-age", "10s", "--inventory-proof-timeout", "60s", "--inventory", "informers")
 	if rep := r.force(""); !r.pending("G00000000a003H") {
 		t.Fatalf("the stale tap is not a candidate: %+v", rep)
 	}
