@@ -57,12 +57,10 @@ const maxAsksInFlight = 8
 // readiness and the brake's shrink rule know the cluster between passes
 // that ask.
 type Candidates struct {
-	log *slog.Logger
 	*reader
 
-	mu       sync.Mutex
-	last     inventory.Snapshot // the newest read's health and size
-	probeErr error              // the last probe's error, for its log
+	mu   sync.Mutex
+	last inventory.Snapshot // the newest read's health and size
 }
 
 // NewCandidates prepares a Candidates source over cfg; Start runs its probe.
@@ -76,60 +74,23 @@ func NewCandidates(cfg *rest.Config, log *slog.Logger, opts Options) (*Candidate
 	if opts.ProbeInterval < 0 {
 		return nil, fmt.Errorf("inventory: negative probe interval %s", opts.ProbeInterval)
 	}
-	rd, err := newReader(cfg, opts)
+	rd, err := newReader(cfg, log, opts)
 	if err != nil {
 		return nil, err
 	}
-	return &Candidates{log: log, reader: rd, last: inventory.NewSnapshot(nil, false, nil)}, nil
+	return &Candidates{reader: rd, last: inventory.NewSnapshot(nil, false, nil)}, nil
 }
 
 // Start reads the cluster's health and size at once, then every
 // Options.ProbeInterval (skipped while an Ask newer than that succeeded),
-// until ctx ends. It returns at once.
+// until ctx ends; with no interval, once. It returns at once.
 func (c *Candidates) Start(ctx context.Context) {
-	go func() {
-		var lastTry time.Time
-		for ctx.Err() == nil {
-			next := lastTry
-			if p := c.ProvenAt(); p.After(next) {
-				next = p
-			}
-			if !lastTry.IsZero() {
-				if c.opts.ProbeInterval <= 0 {
-					return
-				}
-				if wait := time.Until(next.Add(c.opts.ProbeInterval)); wait > 0 {
-					t := time.NewTimer(wait)
-					select {
-					case <-ctx.Done():
-						t.Stop()
-						return
-					case <-t.C:
-					}
-					continue // an Ask may have moved ProvenAt meanwhile
-				}
-			}
-			lastTry = time.Now()
-			_, err := c.Ask(ctx, nil)
-			if ctx.Err() == nil {
-				c.noteProbe(err)
-			}
-		}
-	}()
-}
-
-// noteProbe logs a probe's failure when it differs from the last one, and
-// the first success after a failure, so that a partition logs once.
-func (c *Candidates) noteProbe(err error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	switch {
-	case err != nil && (c.probeErr == nil || c.probeErr.Error() != err.Error()):
-		c.log.Warn("inventory probe failed: passes remove nothing, and readiness fails once the inventory is older than its bound", "error", err)
-	case err == nil && c.probeErr != nil:
-		c.log.Info("inventory probe succeeds again")
+	probe := func(ctx context.Context) error { _, err := c.Ask(ctx, nil); return err }
+	if c.opts.ProbeInterval <= 0 {
+		go func() { c.noteProbe(ctx, probe(ctx)) }()
+		return
 	}
-	c.probeErr = err
+	go c.probeLoop(ctx, c.opts.ProbeInterval, probe)
 }
 
 // Snapshot implements inventory.Source without a request: the health and

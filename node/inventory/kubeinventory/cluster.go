@@ -39,7 +39,6 @@ var (
 // time: a Snapshot while nothing changed costs nothing, and no snapshot can
 // miss an object the store holds, since the store is the map.
 type Cluster struct {
-	log     *slog.Logger
 	index   *inventory.Index
 	sources []*watched
 
@@ -50,8 +49,6 @@ type Cluster struct {
 	// proofPageSize, smaller in this package's tests.
 	pageSize int
 
-	probeMu  sync.Mutex
-	probeErr error // the last probe's error, nil once one succeeds
 	// probing runs while the probe does, for tests that it stops.
 	probing sync.WaitGroup
 }
@@ -110,11 +107,11 @@ func NewCluster(cfg *rest.Config, log *slog.Logger, opts ...Options) (*Cluster, 
 	if err != nil {
 		return nil, fmt.Errorf("inventory: client: %w", err)
 	}
-	rd, err := newReader(cfg, o)
+	rd, err := newReader(cfg, log, o)
 	if err != nil {
 		return nil, err
 	}
-	c := &Cluster{log: log, index: inventory.NewIndex(), reader: rd, pageSize: proofPageSize}
+	c := &Cluster{index: inventory.NewIndex(), reader: rd, pageSize: proofPageSize}
 	for _, r := range []struct {
 		gvr        schema.GroupVersionResource
 		kind       string
@@ -277,7 +274,7 @@ func (c *Cluster) Start(ctx context.Context) {
 		go w.ctrl.RunWithContext(ctx)
 	}
 	if c.opts.ProbeInterval > 0 {
-		c.probing.Go(func() { c.probeLoop(ctx, c.opts.ProbeInterval) })
+		c.probing.Go(func() { c.probeLoop(ctx, c.opts.ProbeInterval, c.probe) })
 	}
 }
 

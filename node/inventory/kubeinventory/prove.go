@@ -41,35 +41,6 @@ func (c *Cluster) Prove(ctx context.Context) (inventory.Snapshot, error) {
 	return inventory.NewSnapshot(objects, true, nil), nil
 }
 
-// probeLoop probes every interval until ctx ends. A consistent read that
-// started less than an interval ago and succeeded (a Prove's, say) stands
-// for a probe; a failed probe is retried an interval after it started, so a
-// partition costs no more requests than a healthy API server.
-func (c *Cluster) probeLoop(ctx context.Context, interval time.Duration) {
-	var lastTry time.Time
-	for {
-		next := lastTry
-		if p := c.ProvenAt(); p.After(next) {
-			next = p
-		}
-		if wait := time.Until(next.Add(interval)); wait > 0 {
-			t := time.NewTimer(wait)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return
-			case <-t.C:
-			}
-			continue // a Prove may have moved ProvenAt meanwhile
-		}
-		if ctx.Err() != nil {
-			return
-		}
-		lastTry = time.Now()
-		c.noteProbe(ctx, c.probe(ctx))
-	}
-}
-
 // probe lists one object of each resource consistently, both at once, and
 // on success moves ProvenAt to when it started. It is the cheapest read that
 // shows the API server answering at etcd's current revision now: the API
@@ -91,24 +62,6 @@ func (c *Cluster) probe(ctx context.Context) error {
 	}
 	c.markProven(start)
 	return nil
-}
-
-// noteProbe logs a probe's failure when it differs from the last one, and
-// the first success after a failure, so that a partition logs once, not on
-// every probe.
-func (c *Cluster) noteProbe(ctx context.Context, err error) {
-	if ctx.Err() != nil {
-		return // shutting down: not the API server's doing
-	}
-	c.probeMu.Lock()
-	defer c.probeMu.Unlock()
-	switch {
-	case err != nil && (c.probeErr == nil || c.probeErr.Error() != err.Error()):
-		c.log.Warn("inventory probe failed: readiness fails once the inventory is older than its bound", "error", err)
-	case err == nil && c.probeErr != nil:
-		c.log.Info("inventory probe succeeds again")
-	}
-	c.probeErr = err
 }
 
 // proofItem is the part of a listed object a consistent read decodes.

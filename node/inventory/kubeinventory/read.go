@@ -6,10 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -24,20 +26,71 @@ import (
 // bounded by Options.PageTimeout, from the request to its last byte
 // decoded, and its answer is streamed, never held whole.
 type reader struct {
+	log  *slog.Logger
 	host string
 	http *http.Client
 	opts Options
 	// proven is when the newest consistent read that succeeded started
 	// (unix nanoseconds): see ProvenAt.
 	proven atomic.Int64
+
+	probeMu  sync.Mutex
+	probeErr error // the last probe's error, nil once one succeeds
 }
 
-func newReader(cfg *rest.Config, opts Options) (*reader, error) {
+func newReader(cfg *rest.Config, log *slog.Logger, opts Options) (*reader, error) {
 	hc, err := rest.HTTPClientFor(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("inventory: http client: %w", err)
 	}
-	return &reader{host: strings.TrimSuffix(cfg.Host, "/"), http: hc, opts: opts}, nil
+	return &reader{log: log, host: strings.TrimSuffix(cfg.Host, "/"), http: hc, opts: opts}, nil
+}
+
+// probeLoop runs probe at once, then every interval, until ctx ends. A consistent read that
+// started less than an interval ago and succeeded (a Prove's, say) stands
+// for a probe; a failed probe is retried an interval after it started, so a
+// partition costs no more requests than a healthy API server.
+func (r *reader) probeLoop(ctx context.Context, interval time.Duration, probe func(context.Context) error) {
+	var lastTry time.Time
+	for {
+		next := lastTry
+		if p := r.ProvenAt(); p.After(next) {
+			next = p
+		}
+		if wait := time.Until(next.Add(interval)); wait > 0 {
+			t := time.NewTimer(wait)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return
+			case <-t.C:
+			}
+			continue // a Prove may have moved ProvenAt meanwhile
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		lastTry = time.Now()
+		r.noteProbe(ctx, probe(ctx))
+	}
+}
+
+// noteProbe logs a probe's failure when it differs from the last one, and
+// the first success after a failure, so that a partition logs once, not on
+// every probe.
+func (r *reader) noteProbe(ctx context.Context, err error) {
+	if ctx.Err() != nil {
+		return // shutting down: not the API server's doing
+	}
+	r.probeMu.Lock()
+	defer r.probeMu.Unlock()
+	switch {
+	case err != nil && (r.probeErr == nil || r.probeErr.Error() != err.Error()):
+		r.log.Warn("inventory probe failed: readiness fails once the inventory is older than its bound", "error", err)
+	case err == nil && r.probeErr != nil:
+		r.log.Info("inventory probe succeeds again")
+	}
+	r.probeErr = err
 }
 
 // ProvenAt is when the newest consistent read that succeeded started; zero

@@ -2,6 +2,7 @@ package kubeinventory
 
 import (
 	"context"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -36,7 +37,7 @@ func TestAReadRetriesWhatTheAPIServerAsksToRetry(t *testing.T) {
 		_, _ = w.Write([]byte(`{"metadata":{},"items":[{"metadata":{"name":"a","namespace":"n"}}]}`))
 	}))
 	defer srv.Close()
-	rd, err := newReader(&rest.Config{Host: srv.URL}, Options{PageTimeout: 2 * time.Second})
+	rd, err := newReader(&rest.Config{Host: srv.URL}, slog.New(slog.DiscardHandler), Options{PageTimeout: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
