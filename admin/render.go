@@ -271,6 +271,9 @@ func tapRows(taps []nodeview.TapView) tabular {
 		if more := v.Carriers - len(v.CarriedBy); more > 0 {
 			carried = append(carried, fmt.Sprintf("and %d more", more))
 		}
+		if v.CarriersUnknown != "" {
+			carried = []string{"unknown"} // -o json says why
+		}
 		t.rows = append(t.rows, []string{v.Name, strconv.FormatUint(uint64(v.Ifindex), 10), v.VPC, v.Attachment, dash(v.Owner),
 			dash(v.Master), strconv.FormatBool(v.Held), dash(strings.Join(holders, ",")), dash(strings.Join(carried, ",")), string(v.State),
 			programText(v.Program), droppedText(v), boundText(v)})

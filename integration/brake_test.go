@@ -261,3 +261,48 @@ func TestAFileThatDropsMostAttachmentsRemovesNothing(t *testing.T) {
 		t.Fatalf("status %d %s: want the brake engaged holding 10", code, body)
 	}
 }
+
+// `galactic-node taps`, run as an operator runs it on the node, names the
+// carriers of each tap in either inventory mode: the candidates inventory,
+// which keeps no copy of the cluster, asks the API server for the view.
+// A tap nothing carries shows none, and no carrier is ever "unknown" here.
+func TestTheTapsViewNamesCarriersInEachMode(t *testing.T) {
+	cluster := sharedWithLiveAttachment(t)
+	eachInventory(t, func(t *testing.T, mode string) {
+		r := newRemoteNode(t, cluster)
+		r.attachedTaps("1", "2")
+		r.start("--inventory", mode)
+		out, err := exec.Command("ip", "netns", "exec", r.ns.Name, binary, "taps", "-o", "json", "--socket", r.socket).CombinedOutput()
+		if err != nil {
+			t.Fatalf("galactic-node taps -o json: %v: %s", err, out)
+		}
+		var list struct {
+			Items []struct {
+				Name            string
+				CarriedBy       []struct{ Kind, Namespace, Name string }
+				CarriersUnknown string
+				State           string
+			}
+		}
+		if err := json.Unmarshal(out, &list); err != nil {
+			t.Fatalf("taps -o json: %v: %s", err, out)
+		}
+		got := map[string]string{}
+		for _, tp := range list.Items {
+			if tp.CarriersUnknown != "" {
+				t.Errorf("%s: carriers unknown: %s", tp.Name, tp.CarriersUnknown)
+			}
+			var names []string
+			for _, c := range tp.CarriedBy {
+				names = append(names, c.Kind+" "+c.Namespace+"/"+c.Name)
+			}
+			got[tp.Name] = strings.Join(names, ",") + " " + tp.State
+		}
+		if want := "VPCAttachment tenant-a/web-1 live"; got["G00000000a001H"] != want {
+			t.Errorf("carried tap: %q, want %q", got["G00000000a001H"], want)
+		}
+		if want := " stale"; got["G00000000a002H"] != want {
+			t.Errorf("stale tap: %q, want %q (no carrier)", got["G00000000a002H"], want)
+		}
+	})
+}
