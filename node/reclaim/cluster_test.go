@@ -226,7 +226,7 @@ func (s *switchable) Ask(ctx context.Context, ids []identity.Identity) (inventor
 	if a, ok := s.Source.(inventory.Asker); ok {
 		return a.Ask(ctx, ids)
 	}
-	return s.Source.Snapshot(ctx), nil
+	return s.Snapshot(ctx), nil
 }
 
 func (s *switchable) ProvenAt() time.Time {
