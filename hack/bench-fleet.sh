@@ -10,6 +10,10 @@
 # needs about 26 minutes of sync alone there (bench/FLEET.md); give it on a
 # machine with more cores.
 # GALACTICTEST_FLEET_TIMEOUT: the bound on one size (15m).
+# GALACTICTEST_FLEET_MODES: the inventory modes' runs (BenchmarkFleetModes),
+# MODE:NODESxOBJECTS, comma-separated (candidates:1000x100000,
+# informers:10x100000), each also bounded by the timeout; a run that fails
+# is written down with the phases it measured before.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PATH:/usr/local/go/bin"
@@ -40,6 +44,32 @@ for s in "${list[@]}"; do
 		[ "$rc" = 124 ] || [ "$rc" = 137 ] && why="not done within $limit (exit $rc)"
 		reason=$(grep -m1 -E 'fleet_test.go:|fatal error|out of memory|signal: killed|panic:' "$log" | sed 's/^ *//' || true)
 		echo "FAILED $s $why after $(( $(date +%s) - start )) s${reason:+: $reason}" >>"$raw"
+	fi
+	rm -f "$log"
+done
+
+# The inventory modes (BenchmarkFleetModes), one process each.
+modes=${GALACTICTEST_FLEET_MODES:-candidates:1000x100000,informers:10x100000}
+rawm=$(mktemp)
+trap 'rm -f "$raw" "$raw.bin" "$rawm"' EXIT
+IFS=, read -ra mlist <<<"$modes"
+for s in "${mlist[@]}"; do
+	echo "bench-fleet modes $s" >&2
+	log=$(mktemp)
+	start=$(date +%s)
+	set +e
+	GALACTICTEST_FLEET_MODES=$s GALACTICTEST_FLEET_PROBE=${GALACTICTEST_FLEET_PROBE:-75s} timeout --kill-after=30s "$limit" "$raw.bin" -test.run='^$' -test.bench=FleetModes -test.benchtime=1x -test.timeout=0 -test.v >"$log" 2>&1
+	rc=$?
+	set -e
+	grep -vE '^\{' "$log" >&2
+	if grep -qE '^BenchmarkFleetModes/' "$log" && grep -qE '^BenchmarkFleetModes/.*ns/op' "$log"; then
+		grep -E '^BenchmarkFleetModes/.*ns/op' "$log" >>"$rawm"
+	else
+		why="exit $rc"
+		[ "$rc" = 124 ] || [ "$rc" = 137 ] && why="not done within $limit (exit $rc)"
+		done=$(grep -E 'modes_test.go:[0-9]+: (start|idle|restart|mass):' "$log" | sed -E 's/^ *modes_test.go:[0-9]+: //' | paste -sd ';' - || true)
+		reason=$(grep -m1 -E 'modes_test.go:[0-9]+: [^sirmp]|fatal error|out of memory|signal: killed|panic:' "$log" | sed 's/^ *//' || true)
+		echo "FAILED $s $why after $(( $(date +%s) - start )) s${reason:+: $reason}${done:+; measured before: $done}" >>"$rawm"
 	fi
 	rm -f "$log"
 done
@@ -82,6 +112,35 @@ fig() { echo "$1" | awk -v u="$2" '{ for (i = 3; i < NF; i++) if ($(i+1) == u) {
 	echo
 	echo '```'
 	cat "$raw"
+	echo '```'
+	echo
+	echo "## Inventory modes"
+	echo
+	echo "BenchmarkFleetModes: N nodes of one --inventory mode (informers: kubeinventory.NewCluster; candidates:"
+	echo "kubeinventory.NewCandidates) against one API server holding M objects, each node probing every"
+	echo "${GALACTICTEST_FLEET_PROBE:-75s} (the daemon's default, a quarter of --inventory-max-age). start = every node"
+	echo "started (10 at a time) until ready; restart = the API server stopped and started, until every node is"
+	echo "back (the informers relisted, the candidates' next read done); mass = every node makes its removing"
+	echo "pass's read for one stale tap (the informers' consistent read of everything, the candidates' ask),"
+	echo "all starting within a minute. CPU = the API server's utime+stime over the phase; read = the bytes"
+	echo "of the answers the nodes read; s = until the last node was done. Per node: divided by N."
+	echo
+	echo "| mode | N | M | start CPU-s/node | start KiB/node | start s | restart CPU-s/node | restart KiB/node | restart s | mass CPU-s/node | mass KiB/node | mass s | idle CPU % |"
+	echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+	while read -r line; do
+		case $line in
+		FAILED*)
+			echo "| ${line} ||||||||||||"
+			;;
+		*)
+			mode=$(echo "$line" | sed -E 's/.*mode=([a-z]+).*/\1/'); n=$(echo "$line" | sed -E 's/.*nodes=([0-9]+).*/\1/'); m=$(echo "$line" | sed -E 's/.*objects=([0-9]+).*/\1/')
+			echo "| $mode | $n | $m | $(fig "$line" start-api-cpu-s/node) | $(fig "$line" start-KiB/node) | $(fig "$line" start-s) | $(fig "$line" restart-api-cpu-s/node) | $(fig "$line" restart-KiB/node) | $(fig "$line" restart-s) | $(fig "$line" mass-api-cpu-s/node) | $(fig "$line" mass-KiB/node) | $(fig "$line" mass-s) | $(fig "$line" idle-api-cpu-%) |"
+			;;
+		esac
+	done <"$rawm"
+	echo
+	echo '```'
+	cat "$rawm"
 	echo '```'
 } >"$out"
 echo "wrote $out" >&2

@@ -12,8 +12,9 @@
 // inventory that caches the API server is proven current by a consistent
 // read of it, and one that keeps no copy of it (an inventory.Asker) is
 // asked, consistently, about the pass's unheld taps only, after the links
-// were read, which makes the ask the proof; just before removal, under the tap's VRF lock, the link is read
-// again and the identity checked against a fresh snapshot and that proof. Its
+// were read, which makes the ask the proof; just before removal, under the
+// tap's VRF lock, the link is read again and the identity checked against a
+// fresh snapshot and that proof. Its
 // eBPF rows go through attachreg, as CNI DEL's do, and the kernel takes its
 // routes.
 //
@@ -440,10 +441,7 @@ func (r *Reclaimer) pass(ctx context.Context, started time.Time, opts PassOption
 		if ids := unheldIdentities(stamped); len(ids) > 0 {
 			s, err := a.Ask(ctx, ids)
 			if err != nil {
-				rep.Result, rep.Reason = ResultSkipped, "nothing removed and every candidate forgotten: "+err.Error()
-				r.log.Warn("reclaim pass removed nothing", "reason", rep.Reason)
-				r.forget(opts)
-				return rep
+				return r.skip(rep, opts, "nothing removed and every candidate forgotten: "+err.Error())
 			}
 			snap, asked = s, &s
 		}
@@ -455,17 +453,11 @@ func (r *Reclaimer) pass(ctx context.Context, started time.Time, opts PassOption
 		r.obs.Malformed(malformed)
 	}
 	if err := snap.Healthy(); err != nil {
-		rep.Result, rep.Reason = ResultSkipped, "inventory not trustworthy, nothing removed and every candidate forgotten: "+err.Error()
-		r.log.Warn("reclaim pass removed nothing", "reason", rep.Reason)
-		r.forget(opts)
-		return rep
+		return r.skip(rep, opts, "inventory not trustworthy, nothing removed and every candidate forgotten: "+err.Error())
 	}
 
 	if err := r.reprove(ctx, opts); err != nil {
-		rep.Result, rep.Reason = ResultSkipped, "nothing removed and every candidate forgotten: "+err.Error()
-		r.log.Warn("reclaim pass removed nothing", "reason", rep.Reason)
-		r.forget(opts)
-		return rep
+		return r.skip(rep, opts, "nothing removed and every candidate forgotten: "+err.Error())
 	}
 
 	now := time.Now()
@@ -513,10 +505,7 @@ func (r *Reclaimer) pass(ctx context.Context, started time.Time, opts PassOption
 		if !opts.preview {
 			r.unproven = err
 		}
-		rep.Result, rep.Reason = ResultSkipped, "nothing removed and every candidate forgotten: "+err.Error()
-		r.log.Warn("reclaim pass removed nothing", "reason", rep.Reason)
-		r.forget(opts)
-		return rep
+		return r.skip(rep, opts, "nothing removed and every candidate forgotten: "+err.Error())
 	}
 	if proof == nil {
 		proof = asked
@@ -563,10 +552,7 @@ func (r *Reclaimer) pass(ctx context.Context, started time.Time, opts PassOption
 			if !opts.preview {
 				r.unproven = err
 			}
-			rep.Result, rep.Reason = ResultSkipped, "nothing removed and every candidate forgotten: "+err.Error()
-			r.log.Warn("reclaim pass removed nothing", "reason", rep.Reason)
-			r.forget(opts)
-			return rep
+			return r.skip(rep, opts, "nothing removed and every candidate forgotten: "+err.Error())
 		}
 	}
 	for _, t := range rep.Reclaimed {
@@ -608,6 +594,16 @@ func (r *Reclaimer) prove(ctx context.Context, p inventory.Prover) (inventory.Sn
 		err = proof.Healthy()
 	}
 	return proof, err
+}
+
+// skip ends a pass that removes nothing because its inputs cannot be
+// trusted: it forgets every candidate, so that the next healthy pass only
+// marks, and says why.
+func (r *Reclaimer) skip(rep Report, opts PassOptions, why string) Report {
+	rep.Result, rep.Reason = ResultSkipped, why
+	r.log.Warn("reclaim pass removed nothing", "reason", why)
+	r.forget(opts)
+	return rep
 }
 
 // unheldIdentities returns the identities of the taps nothing holds, as
