@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
 	"github.com/datum-cloud/galactic-node/internal/clustertest"
 	"github.com/datum-cloud/galactic-node/node/identity"
 	"github.com/datum-cloud/galactic-node/node/inventory"
@@ -188,7 +190,10 @@ func (n *modeNode) removingRead(ctx context.Context, stale identity.Identity) er
 func runModes(b *testing.B, m modeSize) {
 	spread := envDuration(b, envSpread, 60*time.Second)
 	probe := envDuration(b, envProbe, 5*time.Second)
-	cluster := clustertest.Start(b)
+	// The API server's default request timeout (60 s), not the tests' 5 s:
+	// a page of 5,000 objects served to many nodes at once on two cores
+	// takes longer, as it may on a loaded control plane.
+	cluster := clustertest.StartWith(b, func(a *envtest.APIServer) { a.Configure().Set("request-timeout", "60s") })
 	b.Cleanup(func() { _ = cluster.Env.Stop() })
 	api := procOf(b, "kube-apiserver", cluster.Env.ControlPlane.APIServer.CertDir)
 	ctx, cancel := context.WithCancel(context.Background())
