@@ -10,8 +10,6 @@ import (
 	"testing"
 	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
 
@@ -94,23 +92,7 @@ func benchCandidatesPass(b *testing.B, n, k int, wallAt1000 *float64) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	peerList := func() int {
-		objects := 0
-		for _, gvr := range []schema.GroupVersionResource{kubeinventory.AttachmentResource, kubeinventory.AdvertisementResource} {
-			opts := metav1.ListOptions{Limit: 5000}
-			for {
-				list, err := dc.Resource(gvr).List(ctx, opts)
-				if err != nil {
-					b.Fatal(err)
-				}
-				objects += len(list.Items)
-				if opts.Continue = list.GetContinue(); opts.Continue == "" {
-					break
-				}
-			}
-		}
-		return objects
-	}
+	peerList := func() int { return clientgoList(ctx, b, dc) }
 	locks, _ := vrf.NewLocker(b.TempDir())
 	var passT, proveT, peerT time.Duration
 	var passReq, passBytes, steadyReq int64

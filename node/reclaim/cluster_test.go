@@ -192,13 +192,7 @@ func reclaimWith(s *scene, links reclaim.Links, cfg reclaim.Config) *reclaim.Rec
 func startInventory(t *testing.T, cfg *rest.Config) *kubeinventory.Cluster {
 	t.Helper()
 	inv, err := kubeinventory.NewCluster(cfg, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	inv.Start(ctx)
-	return inv
+	return startUntilTheEnd(t, inv, err)
 }
 
 // startInventoryIn runs the inventory of mode over cfg until the test ends.
@@ -208,6 +202,13 @@ func startInventoryIn(t *testing.T, mode inventoryMode, cfg *rest.Config) invent
 		return startInventory(t, cfg)
 	}
 	inv, err := kubeinventory.NewCandidates(cfg, nil, kubeinventory.Options{})
+	return startUntilTheEnd(t, inv, err)
+}
+
+// startUntilTheEnd fails t on err, the error of making inv, or starts inv
+// until t ends and returns it.
+func startUntilTheEnd[S interface{ Start(context.Context) }](t *testing.T, inv S, err error) S {
+	t.Helper()
 	if err != nil {
 		t.Fatal(err)
 	}
