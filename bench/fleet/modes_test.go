@@ -13,6 +13,9 @@ import (
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/datum-cloud/galactic-node/internal/clustertest"
@@ -326,6 +329,7 @@ func runModes(b *testing.B, m modeSize) {
 		if err != nil {
 			if failed == 0 {
 				b.Logf("node %d: %v", i, err)
+				b.Logf("the same read through client-go now: %v", clientgoRead(ctx, cluster.Config, probeVPC+identity.VPC(len(nodes)+i)))
 			}
 			failed++
 		}
@@ -335,4 +339,17 @@ func runModes(b *testing.B, m modeSize) {
 	if failed > 0 {
 		b.Errorf("mass: %d of %d nodes' removing reads failed", failed, len(nodes))
 	}
+}
+
+// clientgoRead lists the advertisements of one probe identity the way a
+// client-go caller would, for the API server's own words when the nodes'
+// reads fail.
+func clientgoRead(ctx context.Context, cfg *rest.Config, vpc identity.VPC) error {
+	dc, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	name := identity.Identity{VPC: vpc, Attachment: 1}.AdvertisementName()
+	_, err = dc.Resource(kubeinventory.AdvertisementResource).List(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + name, Limit: 10})
+	return err
 }
