@@ -572,17 +572,14 @@ func (p proc) status(field string) float64 {
 func (p proc) rssMiB() float64 { return p.status("VmRSS") }
 func (p proc) hwmMiB() float64 { return p.status("VmHWM") }
 
-// cpuSeconds is utime+stime; the kernel counts them in USER_HZ, 100 a
-// second on Linux.
+// cpuSeconds is the process's utime+stime.
 func (p proc) cpuSeconds() float64 {
-	data, err := os.ReadFile(filepath.Join("/proc", p.pid, "stat"))
+	pid, _ := strconv.Atoi(p.pid)
+	cpu, err := clustertest.CPUSeconds(pid)
 	if err != nil {
 		p.b.Fatal(err)
 	}
-	f := strings.Fields(string(data[bytes.LastIndexByte(data, ')')+2:]))
-	utime, _ := strconv.ParseFloat(f[11], 64)
-	stime, _ := strconv.ParseFloat(f[12], 64)
-	return (utime + stime) / 100
+	return cpu
 }
 
 // established counts the TCP connections established to the API server, as
