@@ -12,7 +12,7 @@
 # GALACTICTEST_FLEET_TIMEOUT: the bound on one size (15m).
 # GALACTICTEST_FLEET_MODES: the inventory modes' runs (BenchmarkFleetModes),
 # MODE:NODESxOBJECTS, comma-separated (candidates:1000x100000,
-# informers:10x100000), each also bounded by the timeout; a run that fails
+# informers:50x100000), each also bounded by the timeout; a run that fails
 # is written down with the phases it measured before.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -49,7 +49,7 @@ for s in "${list[@]}"; do
 done
 
 # The inventory modes (BenchmarkFleetModes), one process each.
-modes=${GALACTICTEST_FLEET_MODES:-candidates:1000x100000,informers:10x100000}
+modes=${GALACTICTEST_FLEET_MODES:-candidates:1000x100000,informers:50x100000}
 rawm=$(mktemp)
 trap 'rm -f "$raw" "$raw.bin" "$rawm"' EXIT
 IFS=, read -ra mlist <<<"$modes"
@@ -122,19 +122,21 @@ fig() { echo "$1" | awk -v u="$2" '{ for (i = 3; i < NF; i++) if ($(i+1) == u) {
 	echo "started (10 at a time) until ready; restart = the API server stopped and started, until every node is"
 	echo "back (the informers relisted, the candidates' next read done); mass = every node makes its removing"
 	echo "pass's read for one stale tap (the informers' consistent read of everything, the candidates' ask),"
-	echo "all starting within a minute. CPU = the API server's utime+stime over the phase; read = the bytes"
-	echo "of the answers the nodes read; s = until the last node was done. Per node: divided by N."
+	echo "all starting within a minute, once the watch caches the restart emptied are ready (caches s after the"
+	echo "API server started). CPU = the API server's utime+stime over the phase, and (net) less its baseline"
+	echo "with no node times the phase's length; read = the bytes of the answers the nodes read; s = until the"
+	echo "last node was done. Per node: divided by N."
 	echo
-	echo "| mode | N | M | start CPU-s/node | start KiB/node | start s | restart CPU-s/node | restart KiB/node | restart s | mass CPU-s/node | mass KiB/node | mass s | idle CPU % |"
-	echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+	echo "| mode | N | M | start CPU-s/node (net) | start KiB/node | start s | restart CPU-s/node (net) | restart KiB/node | restart s | caches s | mass CPU-s/node (net) | mass KiB/node | mass s | idle CPU % (baseline) |"
+	echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 	while read -r line; do
 		case $line in
 		FAILED*)
-			echo "| ${line} ||||||||||||"
+			echo "| ${line} |||||||||||||"
 			;;
 		*)
 			mode=$(echo "$line" | sed -E 's/.*mode=([a-z]+).*/\1/'); n=$(echo "$line" | sed -E 's/.*nodes=([0-9]+).*/\1/'); m=$(echo "$line" | sed -E 's/.*objects=([0-9]+).*/\1/')
-			echo "| $mode | $n | $m | $(fig "$line" start-api-cpu-s/node) | $(fig "$line" start-KiB/node) | $(fig "$line" start-s) | $(fig "$line" restart-api-cpu-s/node) | $(fig "$line" restart-KiB/node) | $(fig "$line" restart-s) | $(fig "$line" mass-api-cpu-s/node) | $(fig "$line" mass-KiB/node) | $(fig "$line" mass-s) | $(fig "$line" idle-api-cpu-%) |"
+			echo "| $mode | $n | $m | $(fig "$line" start-api-cpu-s/node) ($(fig "$line" start-net-api-cpu-s/node)) | $(fig "$line" start-KiB/node) | $(fig "$line" start-s) | $(fig "$line" restart-api-cpu-s/node) ($(fig "$line" restart-net-api-cpu-s/node)) | $(fig "$line" restart-KiB/node) | $(fig "$line" restart-s) | $(fig "$line" caches-ready-s) | $(fig "$line" mass-api-cpu-s/node) ($(fig "$line" mass-net-api-cpu-s/node)) | $(fig "$line" mass-KiB/node) | $(fig "$line" mass-s) | $(fig "$line" idle-api-cpu-%) ($(fig "$line" baseline-api-cpu-%)) |"
 			;;
 		esac
 	done <"$rawm"
