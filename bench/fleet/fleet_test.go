@@ -540,7 +540,7 @@ func (b *tapBody) note(line []byte, now time.Time) {
 // proc is a process of the cluster, read from /proc.
 type proc struct {
 	b   *testing.B
-	pid string
+	pid int
 }
 
 // procOf finds the cluster's process whose binary is named bin and whose
@@ -551,11 +551,11 @@ func procOf(b *testing.B, bin, dir string) proc {
 	if err != nil {
 		b.Fatal(err)
 	}
-	return proc{b, strconv.Itoa(pid)}
+	return proc{b, pid}
 }
 
 func (p proc) status(field string) float64 {
-	data, err := os.ReadFile(filepath.Join("/proc", p.pid, "status"))
+	data, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(p.pid), "status"))
 	if err != nil {
 		p.b.Fatal(err)
 	}
@@ -565,7 +565,7 @@ func (p proc) status(field string) float64 {
 			return kb / 1024
 		}
 	}
-	p.b.Fatalf("no %s in /proc/%s/status", field, p.pid)
+	p.b.Fatalf("no %s in /proc/%d/status", field, p.pid)
 	return 0
 }
 
@@ -574,8 +574,7 @@ func (p proc) hwmMiB() float64 { return p.status("VmHWM") }
 
 // cpuSeconds is the process's utime+stime.
 func (p proc) cpuSeconds() float64 {
-	pid, _ := strconv.Atoi(p.pid)
-	cpu, err := clustertest.CPUSeconds(pid)
+	cpu, err := clustertest.CPUSeconds(p.pid)
 	if err != nil {
 		p.b.Fatal(err)
 	}

@@ -73,33 +73,33 @@ func BenchmarkReadCost(b *testing.B) {
 	rv := currentRV(b, hc, list(kubeinventory.AttachmentResource, url.Values{"limit": {"1"}}))
 	crds := schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
 	reads := []struct {
-		name string
-		url  string
-		ok   []int
+		name  string
+		url   string
+		ok    []int
+		every bool // follow the continue tokens to the end
 	}{
 		{"attachments-by-identity-none", list(kubeinventory.AttachmentResource, url.Values{"limit": {"10"},
-			"fieldSelector": {kubeinventory.FieldVPC + "=" + stale.VPC.Base62() + "," + kubeinventory.FieldAttachment + "=" + stale.Attachment.Base62()}}), []int{200}},
+			"fieldSelector": {kubeinventory.FieldVPC + "=" + stale.VPC.Base62() + "," + kubeinventory.FieldAttachment + "=" + stale.Attachment.Base62()}}), []int{200}, false},
 		{"advertisements-by-name-none", list(kubeinventory.AdvertisementResource, url.Values{"limit": {"10"},
-			"fieldSelector": {"metadata.name=" + stale.AdvertisementName()}}), []int{200}},
+			"fieldSelector": {"metadata.name=" + stale.AdvertisementName()}}), []int{200}, false},
 		{"health-limit-1", list(kubeinventory.AttachmentResource, url.Values{"limit": {"1"},
-			"fieldSelector": {kubeinventory.FieldVPC + "!=," + kubeinventory.FieldAttachment + "!="}}), []int{200}},
-		{"size-limit-1", list(kubeinventory.AttachmentResource, url.Values{"limit": {"1"}}), []int{200}},
+			"fieldSelector": {kubeinventory.FieldVPC + "!=," + kubeinventory.FieldAttachment + "!="}}), []int{200}, false},
+		{"size-limit-1", list(kubeinventory.AttachmentResource, url.Values{"limit": {"1"}}), []int{200}, false},
 		{"size-limit-1-not-older-than-rv", list(kubeinventory.AttachmentResource, url.Values{"limit": {"1"},
-			"resourceVersion": {rv}, "resourceVersionMatch": {"NotOlderThan"}}), []int{200}},
+			"resourceVersion": {rv}, "resourceVersionMatch": {"NotOlderThan"}}), []int{200}, false},
 		{"size-limit-1-one-namespace", fmt.Sprintf("%s/apis/%s/%s/namespaces/%s/%s?limit=1", host, kubeinventory.AttachmentResource.Group,
-			kubeinventory.AttachmentResource.Version, existing.GetNamespace(), kubeinventory.AttachmentResource.Resource), []int{200}},
-		{"crd-by-name", list(crds, url.Values{"limit": {"1"}, "fieldSelector": {"metadata.name=" + kubeinventory.AttachmentResource.GroupResource().String()}}), []int{200}},
-		{"get-by-key-existing", key(kubeinventory.AttachmentResource, existing.GetNamespace(), existing.GetName()), []int{200}},
-		{"get-by-key-absent", key(kubeinventory.AttachmentResource, existing.GetNamespace(), "no-such-attachment"), []int{404}},
-		{"informers-read-of-everything", list(kubeinventory.AttachmentResource, url.Values{"limit": {"500"}}), []int{200}},
+			kubeinventory.AttachmentResource.Version, existing.GetNamespace(), kubeinventory.AttachmentResource.Resource), []int{200}, false},
+		{"crd-by-name", list(crds, url.Values{"limit": {"1"}, "fieldSelector": {"metadata.name=" + kubeinventory.AttachmentResource.GroupResource().String()}}), []int{200}, false},
+		{"get-by-key-existing", key(kubeinventory.AttachmentResource, existing.GetNamespace(), existing.GetName()), []int{200}, false},
+		{"get-by-key-absent", key(kubeinventory.AttachmentResource, existing.GetNamespace(), "no-such-attachment"), []int{404}, false},
+		{"informers-read-of-everything", list(kubeinventory.AttachmentResource, url.Values{"limit": {"500"}}), []int{200}, true},
 	}
 	for _, r := range reads {
 		b.Run("read="+r.name, func(b *testing.B) {
-			every := r.name == "informers-read-of-everything"
 			var bytes int64
 			cpu0, ecpu0, t0 := api.cpuSeconds(), etcd.cpuSeconds(), time.Now()
 			for b.Loop() {
-				n, err := readAll(b.Context(), hc, r.url, r.ok, every)
+				n, err := readAll(b.Context(), hc, r.url, r.ok, r.every)
 				if err != nil {
 					b.Fatal(err)
 				}

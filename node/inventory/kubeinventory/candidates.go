@@ -150,16 +150,16 @@ func (c *Candidates) Ask(ctx context.Context, ids []identity.Identity) (inventor
 			}
 		})
 	}
-	// carries is the selector status.vpc!=,status.vpcAttachment!= applied
+	// noteCarrying applies the selector status.vpc!=,status.vpcAttachment!=
 	// to one object, as the API server applies it.
-	carries := func(it *proofItem) bool { return it.Status.VPC != "" && it.Status.VPCAttachment != "" }
-	read("vpcattachments counted", AttachmentResource, pageQuery(1, ""), func(it *proofItem) {
-		if carries(it) {
+	noteCarrying := func(it *proofItem) {
+		if it.Status.VPC != "" && it.Status.VPCAttachment != "" {
 			mu.Lock()
 			carrying = true
 			mu.Unlock()
 		}
-	}, func(m listMeta) error {
+	}
+	read("vpcattachments counted", AttachmentResource, pageQuery(1, ""), noteCarrying, func(m listMeta) error {
 		n := m.items
 		switch {
 		case m.RemainingItemCount != nil:
@@ -185,13 +185,7 @@ func (c *Candidates) Ask(ctx context.Context, ids []identity.Identity) (inventor
 	}
 	wg.Wait()
 	if len(errs) == 0 && !carrying && size > 0 {
-		read("vpcattachments carrying any identity", AttachmentResource, selectorQuery(1, FieldVPC+"!=,"+FieldAttachment+"!="), func(it *proofItem) {
-			if carries(it) {
-				mu.Lock()
-				carrying = true
-				mu.Unlock()
-			}
-		}, nil)
+		read("vpcattachments carrying any identity", AttachmentResource, selectorQuery(1, FieldVPC+"!=,"+FieldAttachment+"!="), noteCarrying, nil)
 		wg.Wait()
 	}
 	if err := errors.Join(errs...); err != nil {
