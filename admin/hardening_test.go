@@ -15,10 +15,10 @@ import (
 
 	"github.com/datum-cloud/galactic-node/admin"
 	"github.com/datum-cloud/galactic-node/internal/metricsserve"
-	"github.com/datum-cloud/galactic-node/internal/syncbuf"
 	"github.com/datum-cloud/galactic-node/node/identity"
 	"github.com/datum-cloud/galactic-node/node/nodeview"
 	"github.com/datum-cloud/galactic-node/node/tun/holder"
+	"github.com/datum-cloud/galactic-node/test/framework/syncbuf"
 )
 
 // TestTextTablesEscapeWhatOthersNamed serves taps whose holder name, owner

@@ -27,7 +27,7 @@ import (
 	"k8s.io/client-go/util/retry"
 
 	"github.com/datum-cloud/galactic-node/hubctl"
-	"github.com/datum-cloud/galactic-node/internal/opsdoc"
+	"github.com/datum-cloud/galactic-node/test/framework/opsdoc"
 )
 
 // The scenarios: the install, then pods on galactic's network, the reclaim

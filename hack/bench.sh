@@ -155,7 +155,7 @@ GALACTICTEST_FLEET_SIZES=10x10000,50x10000 run ./bench/fleet 'Fleet' 1x
 	echo "gone, a delete per claim), the controller's informers holding the claims and allocations, against 1,000"
 	echo "bare client-go deletes, both at the hub's default client rate (50/s, burst 100); requests/release = every"
 	echo "HTTP request of the controller's clients in the window but Event writes, per claim. Goals: x-of-bare-delete <= 1.2,"
-	echo "requests/release <= 1.2 (docs/hub.md); ipam/…: the same through the ipam-shaped service (internal/ipamtest), whose"
+	echo "requests/release <= 1.2 (docs/hub.md); ipam/…: the same through the ipam-shaped service (test/framework/ipamtest), whose"
 	echo "deletes ignore preconditions and answer the claim deleted, which the release checks; goal requests/release <= 1.10;"
 	echo "placed/sweep: each gone network also has its placement policy, deleted between the identity and the claim"
 	echo "(docs/hub.md, \"Placement\"), against bare deletes of both; requests/release is then per collected network, goal"

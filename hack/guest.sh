@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the guest that internal/vmtest boots under QEMU: a Debian cloud
+# Builds the guest that test/framework/vmtest boots under QEMU: a Debian cloud
 # kernel and a busybox initramfs whose /init configures eth0 from the kernel
 # command line and reports on the serial console. Once per machine; prints the
 # folder that holds vmlinuz and initrd.gz. Cached outside the work tree, in a
@@ -153,7 +153,7 @@ cat >"$root/init" <<'INIT'
 #!/bin/busybox sh
 # /init of the vmtest guest (hack/guest.sh). Configuration comes from the
 # kernel command line; results go to the serial console as GALACTIC-* lines,
-# which internal/vmtest waits for:
+# which test/framework/vmtest waits for:
 #   galactic.ip=ADDR/LEN  eth0's address: GALACTIC-UP
 #   galactic.gw=ADDR      arping it (GALACTIC-ARP-OK|FAIL), ping it (GALACTIC-PING-OK|FAIL)
 #   galactic.udp=ADDR:PORT  five UDP datagrams "galactic-udp N" (GALACTIC-UDP-SENT)

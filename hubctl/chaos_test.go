@@ -7,7 +7,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
-	"github.com/datum-cloud/galactic-node/internal/chaostest"
+	"github.com/datum-cloud/galactic-node/test/framework/chaostest"
 )
 
 // hubChaos drives the controller through random network creates, deletes

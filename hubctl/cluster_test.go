@@ -27,8 +27,8 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/datum-cloud/galactic-node/hubctl"
-	"github.com/datum-cloud/galactic-node/internal/clustertest"
-	"github.com/datum-cloud/galactic-node/internal/ipamtest"
+	"github.com/datum-cloud/galactic-node/test/framework/clustertest"
+	"github.com/datum-cloud/galactic-node/test/framework/ipamtest"
 )
 
 func TestMain(m *testing.M) { os.Exit(clustertest.Main(m)) }
@@ -638,7 +638,7 @@ func (h *hub) seedGoneClaims(b testing.TB, n int, round int) []string {
 // counts every HTTP request of the controller's clients in the window.
 //
 // The ipam/ variants reach the claims through the ipam-shaped service
-// (internal/ipamtest), whose deletes answer the claim deleted: the check
+// (test/framework/ipamtest), whose deletes answer the claim deleted: the check
 // after each delete reads that answer, and the peer's bare deletes go
 // through the same service.
 //

@@ -20,7 +20,7 @@ import (
 // deleted, and a create re-binds a retained allocation of its name (or,
 // with plainConflict, ipam at 012be054, answers a 409 with no cause). The
 // integration tests run the controller against a real API server instead,
-// with the CRD model and with an ipam-shaped proxy (internal/ipamtest).
+// with the CRD model and with an ipam-shaped proxy (test/framework/ipamtest).
 type addressService struct {
 	mu          sync.Mutex
 	quota       int

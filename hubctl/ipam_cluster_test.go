@@ -20,11 +20,11 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/datum-cloud/galactic-node/hubctl"
-	"github.com/datum-cloud/galactic-node/internal/ipamtest"
+	"github.com/datum-cloud/galactic-node/test/framework/ipamtest"
 )
 
 // The controller against the address service as milo-os/ipam's code
-// answers (internal/ipamtest: a real API server behind a proxy that does
+// answers (test/framework/ipamtest: a real API server behind a proxy that does
 // what ipam does), beside the CRD model the other cluster tests use.
 
 const platformProject = "platform"

@@ -21,7 +21,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 
-	"github.com/datum-cloud/galactic-node/internal/clustertest"
+	"github.com/datum-cloud/galactic-node/test/framework/clustertest"
 )
 
 // TestLosingTheRaceToCreateTheLeaseIsNoError: replicas that start together

@@ -15,9 +15,9 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/validation"
 
-	"github.com/datum-cloud/galactic-node/internal/clustertest"
 	"github.com/datum-cloud/galactic-node/node/identity"
 	"github.com/datum-cloud/galactic-node/node/inventory/kubeinventory"
+	"github.com/datum-cloud/galactic-node/test/framework/clustertest"
 )
 
 // These tests hold admission to the node daemon's parsers: a VPCAttachment

@@ -11,9 +11,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/datum-cloud/galactic-node/internal/nettest"
 	"github.com/datum-cloud/galactic-node/node/identity"
 	"github.com/datum-cloud/galactic-node/node/tun"
+	"github.com/datum-cloud/galactic-node/test/framework/nettest"
 )
 
 // BenchmarkDaemonRSSAt10000TapsAnd100000Identities runs the built daemon in

@@ -13,7 +13,7 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 
 	"github.com/datum-cloud/galactic-node/ebpf/datapath"
-	"github.com/datum-cloud/galactic-node/internal/nettest"
+	"github.com/datum-cloud/galactic-node/test/framework/nettest"
 )
 
 // In a chain after a plugin that gives the pod its addresses (bridge with

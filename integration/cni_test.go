@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/datum-cloud/galactic-node/ebpf/datapath"
-	"github.com/datum-cloud/galactic-node/internal/nettest"
 	"github.com/datum-cloud/galactic-node/node/attachreg"
 	"github.com/datum-cloud/galactic-node/node/identity"
 	"github.com/datum-cloud/galactic-node/node/inventory"
@@ -24,6 +23,7 @@ import (
 	"github.com/datum-cloud/galactic-node/node/tun"
 	"github.com/datum-cloud/galactic-node/node/tun/holder"
 	"github.com/datum-cloud/galactic-node/node/vrf"
+	"github.com/datum-cloud/galactic-node/test/framework/nettest"
 )
 
 // cniHost is a host network namespace where the plugin binary runs over

@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/datum-cloud/galactic-node/internal/nettest"
+	"github.com/datum-cloud/galactic-node/test/framework/nettest"
 )
 
 // The conventions README.md's "Conventions" table promises for every binary,

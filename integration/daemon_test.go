@@ -21,9 +21,9 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
-	"github.com/datum-cloud/galactic-node/internal/clustertest"
-	"github.com/datum-cloud/galactic-node/internal/nettest"
 	"github.com/datum-cloud/galactic-node/node/inventory/kubeinventory"
+	"github.com/datum-cloud/galactic-node/test/framework/clustertest"
+	"github.com/datum-cloud/galactic-node/test/framework/nettest"
 )
 
 var binary, tapPlugin string

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/datum-cloud/galactic-node/internal/nettest"
+	"github.com/datum-cloud/galactic-node/test/framework/nettest"
 )
 
 // TestTheDemoRunsAndLeavesNothingBehind runs make demo's script with the

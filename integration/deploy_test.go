@@ -31,7 +31,7 @@ import (
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 
-	"github.com/datum-cloud/galactic-node/internal/clustertest"
+	"github.com/datum-cloud/galactic-node/test/framework/clustertest"
 )
 
 // kustomizations are every kustomization a user may apply on a shared

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/datum-cloud/galactic-node/internal/nettest"
-	"github.com/datum-cloud/galactic-node/internal/vmtest"
+	"github.com/datum-cloud/galactic-node/test/framework/nettest"
+	"github.com/datum-cloud/galactic-node/test/framework/vmtest"
 )
 
 // readmePolicy is the README's example policy: allow by default, the

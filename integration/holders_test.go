@@ -11,9 +11,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/datum-cloud/galactic-node/internal/nettest"
-	"github.com/datum-cloud/galactic-node/internal/vmtest"
 	"github.com/datum-cloud/galactic-node/node/tun"
+	"github.com/datum-cloud/galactic-node/test/framework/nettest"
+	"github.com/datum-cloud/galactic-node/test/framework/vmtest"
 )
 
 // holderScene is a node where the built plugin makes taps, real holders

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/datum-cloud/galactic-node/internal/nettest"
+	"github.com/datum-cloud/galactic-node/test/framework/nettest"
 )
 
 // A daemon in a network namespace that is not the host's (a demo, a lab)

@@ -21,13 +21,13 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/datum-cloud/galactic-node/hubctl"
-	"github.com/datum-cloud/galactic-node/internal/clustertest"
-	"github.com/datum-cloud/galactic-node/internal/ipamtest"
-	"github.com/datum-cloud/galactic-node/internal/syncbuf"
+	"github.com/datum-cloud/galactic-node/test/framework/clustertest"
+	"github.com/datum-cloud/galactic-node/test/framework/ipamtest"
+	"github.com/datum-cloud/galactic-node/test/framework/syncbuf"
 )
 
 // The built galactic-hubctl against a real kube-apiserver behind the
-// ipam-shaped address service (internal/ipamtest), as a platform team runs
+// ipam-shaped address service (test/framework/ipamtest), as a platform team runs
 // it against milo-os/ipam.
 
 type ipamScene struct {

@@ -19,7 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/datum-cloud/galactic-node/hubctl"
-	"github.com/datum-cloud/galactic-node/internal/ipamtest"
+	"github.com/datum-cloud/galactic-node/test/framework/ipamtest"
 )
 
 // The built galactic-hubctl placing fabric identities with Karmada

@@ -19,8 +19,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/datum-cloud/galactic-node/admin"
-	"github.com/datum-cloud/galactic-node/internal/clustertest"
-	"github.com/datum-cloud/galactic-node/internal/opsdoc"
+	"github.com/datum-cloud/galactic-node/test/framework/clustertest"
+	"github.com/datum-cloud/galactic-node/test/framework/opsdoc"
 )
 
 // ownedCRDGroups are the API groups whose CRDs this project owns. None yet:

@@ -17,8 +17,8 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/datum-cloud/galactic-node/ebpf/datapath"
-	"github.com/datum-cloud/galactic-node/internal/nettest"
 	"github.com/datum-cloud/galactic-node/node/netns"
+	"github.com/datum-cloud/galactic-node/test/framework/nettest"
 )
 
 // tuningVersion is the stock containernetworking plugins release chained

@@ -19,8 +19,8 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
 
-	"github.com/datum-cloud/galactic-node/internal/clustertest"
 	"github.com/datum-cloud/galactic-node/node/inventory/kubeinventory"
+	"github.com/datum-cloud/galactic-node/test/framework/clustertest"
 )
 
 const (

@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/datum-cloud/galactic-node/ebpf/datapath"
-	"github.com/datum-cloud/galactic-node/internal/nettest"
+	"github.com/datum-cloud/galactic-node/test/framework/nettest"
 )
 
 // pinnedRows counts, in every map pinned in the node's folder (not a list a

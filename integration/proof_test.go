@@ -22,9 +22,9 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
-	"github.com/datum-cloud/galactic-node/internal/clustertest"
-	"github.com/datum-cloud/galactic-node/internal/nettest"
 	"github.com/datum-cloud/galactic-node/node/inventory/kubeinventory"
+	"github.com/datum-cloud/galactic-node/test/framework/clustertest"
+	"github.com/datum-cloud/galactic-node/test/framework/nettest"
 )
 
 // apiAddr is where the node's namespace reaches the API server: over a

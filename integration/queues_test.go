@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/datum-cloud/galactic-node/internal/nettest"
+	"github.com/datum-cloud/galactic-node/test/framework/nettest"
 )
 
 // A tap is single-queue unless its network asks for queues: the kernel

@@ -9,7 +9,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/datum-cloud/galactic-node/internal/nettest"
+	"github.com/datum-cloud/galactic-node/test/framework/nettest"
 )
 
 // TestTheDaemonsSeccompProfileRefusesWhatRuntimeDefaultRefuses runs a probe

@@ -20,8 +20,8 @@ import (
 	"github.com/containernetworking/cni/pkg/invoke"
 
 	"github.com/datum-cloud/galactic-node/ebpf/datapath"
-	"github.com/datum-cloud/galactic-node/internal/nettest"
 	"github.com/datum-cloud/galactic-node/node/identity"
+	"github.com/datum-cloud/galactic-node/test/framework/nettest"
 )
 
 // upgradeMAC is the source MAC of the upgrade tests' frames (ethFrame): the

@@ -20,7 +20,7 @@ import (
 
 	"github.com/datum-cloud/galactic-node/admin"
 	"github.com/datum-cloud/galactic-node/admin/kubeauth"
-	"github.com/datum-cloud/galactic-node/internal/clustertest"
+	"github.com/datum-cloud/galactic-node/test/framework/clustertest"
 )
 
 func TestMain(m *testing.M) { os.Exit(clustertest.Main(m)) }

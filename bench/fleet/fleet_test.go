@@ -27,9 +27,9 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
 
-	"github.com/datum-cloud/galactic-node/internal/clustertest"
 	"github.com/datum-cloud/galactic-node/node/identity"
 	"github.com/datum-cloud/galactic-node/node/inventory/kubeinventory"
+	"github.com/datum-cloud/galactic-node/test/framework/clustertest"
 )
 
 // Knobs (GALACTICTEST_*, never GALACTIC_*: see README, Conventions).

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/datum-cloud/galactic-node/ebpf/datapath"
-	"github.com/datum-cloud/galactic-node/internal/nettest"
+	"github.com/datum-cloud/galactic-node/test/framework/nettest"
 )
 
 // BenchmarkDump16384Rows dumps 16,384 ifindex_vrf rows by batch look-up and

@@ -15,7 +15,7 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/datum-cloud/galactic-node/ebpf/datapath"
-	"github.com/datum-cloud/galactic-node/internal/nettest"
+	"github.com/datum-cloud/galactic-node/test/framework/nettest"
 )
 
 // TestCommittedObjectMatchesTheCSource fails when bpf/datapath.c changed and

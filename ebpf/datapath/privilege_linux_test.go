@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/datum-cloud/galactic-node/ebpf/datapath"
-	"github.com/datum-cloud/galactic-node/internal/nettest"
+	"github.com/datum-cloud/galactic-node/test/framework/nettest"
 )
 
 // loadAsDaemonEnv names the bpffs a re-executed test binary loads into,

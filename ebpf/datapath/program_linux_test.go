@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/datum-cloud/galactic-node/ebpf/datapath"
-	"github.com/datum-cloud/galactic-node/internal/nettest"
+	"github.com/datum-cloud/galactic-node/test/framework/nettest"
 )
 
 // A daemon that starts again (an update of the same object) adopts the

@@ -9,7 +9,7 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/datum-cloud/galactic-node/ebpf/datapath"
-	"github.com/datum-cloud/galactic-node/internal/nettest"
+	"github.com/datum-cloud/galactic-node/test/framework/nettest"
 )
 
 func mapID(t *testing.T, path string) ebpf.MapID {

@@ -6,8 +6,8 @@ import (
 	"time"
 
 	"github.com/datum-cloud/galactic-node/ebpf/datapath"
-	"github.com/datum-cloud/galactic-node/internal/nettest"
 	"github.com/datum-cloud/galactic-node/node/netns"
+	"github.com/datum-cloud/galactic-node/test/framework/nettest"
 )
 
 // TestWithoutTheDaemonNoFrameReachesAnotherMachineAfterAnAddressLeavesTheHost

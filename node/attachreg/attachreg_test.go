@@ -14,10 +14,10 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/datum-cloud/galactic-node/ebpf/datapath"
-	"github.com/datum-cloud/galactic-node/internal/nettest"
 	"github.com/datum-cloud/galactic-node/node/attachreg"
 	"github.com/datum-cloud/galactic-node/node/identity"
 	"github.com/datum-cloud/galactic-node/node/tun"
+	"github.com/datum-cloud/galactic-node/test/framework/nettest"
 )
 
 // counterMaps are the maps not keyed by an interface: decision counters

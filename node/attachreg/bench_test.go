@@ -5,8 +5,8 @@ import (
 	"time"
 
 	"github.com/datum-cloud/galactic-node/ebpf/datapath"
-	"github.com/datum-cloud/galactic-node/internal/nettest"
 	"github.com/datum-cloud/galactic-node/node/attachreg"
+	"github.com/datum-cloud/galactic-node/test/framework/nettest"
 )
 
 // BenchmarkOrphanScan16384Rows lists every registered interface (the

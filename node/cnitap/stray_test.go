@@ -13,9 +13,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/datum-cloud/galactic-node/internal/nettest"
 	"github.com/datum-cloud/galactic-node/node/identity"
 	"github.com/datum-cloud/galactic-node/node/vrf"
+	"github.com/datum-cloud/galactic-node/test/framework/nettest"
 )
 
 // killedWriterEnv, set in a child of the test binary, names the folder

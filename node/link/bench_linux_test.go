@@ -6,10 +6,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/datum-cloud/galactic-node/internal/nettest"
 	"github.com/datum-cloud/galactic-node/node/identity"
 	"github.com/datum-cloud/galactic-node/node/link"
 	"github.com/datum-cloud/galactic-node/node/tun"
+	"github.com/datum-cloud/galactic-node/test/framework/nettest"
 )
 
 // BenchmarkDump1000Taps reads 1,000 tenant taps with one dump and, in the

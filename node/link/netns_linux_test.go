@@ -5,8 +5,8 @@ import (
 	"os"
 	"testing"
 
-	"github.com/datum-cloud/galactic-node/internal/nettest"
 	"github.com/datum-cloud/galactic-node/node/link"
+	"github.com/datum-cloud/galactic-node/test/framework/nettest"
 )
 
 // NetNS names the namespace a connection was dialled in, as readlink of

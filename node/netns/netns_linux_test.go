@@ -5,8 +5,8 @@ import (
 	"os"
 	"testing"
 
-	"github.com/datum-cloud/galactic-node/internal/nettest"
 	"github.com/datum-cloud/galactic-node/node/netns"
+	"github.com/datum-cloud/galactic-node/test/framework/nettest"
 )
 
 func inode(t *testing.T, path string) uint64 {

@@ -7,8 +7,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/datum-cloud/galactic-node/ebpf/datapath"
-	"github.com/datum-cloud/galactic-node/internal/nettest"
 	"github.com/datum-cloud/galactic-node/node/nodeview"
+	"github.com/datum-cloud/galactic-node/test/framework/nettest"
 )
 
 // The frames the program judged but could not count against their tenant

@@ -21,14 +21,14 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
 
-	"github.com/datum-cloud/galactic-node/internal/clustertest"
-	"github.com/datum-cloud/galactic-node/internal/nettest"
 	"github.com/datum-cloud/galactic-node/node/identity"
 	"github.com/datum-cloud/galactic-node/node/inventory"
 	"github.com/datum-cloud/galactic-node/node/inventory/kubeinventory"
 	"github.com/datum-cloud/galactic-node/node/reclaim"
 	"github.com/datum-cloud/galactic-node/node/tun"
 	"github.com/datum-cloud/galactic-node/node/vrf"
+	"github.com/datum-cloud/galactic-node/test/framework/clustertest"
+	"github.com/datum-cloud/galactic-node/test/framework/nettest"
 )
 
 // unbraked is the configuration of the benchmarks that remove every tap

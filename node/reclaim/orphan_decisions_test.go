@@ -5,9 +5,9 @@ import (
 	"testing"
 
 	"github.com/datum-cloud/galactic-node/ebpf/datapath"
-	"github.com/datum-cloud/galactic-node/internal/nettest"
 	"github.com/datum-cloud/galactic-node/node/attachreg"
 	"github.com/datum-cloud/galactic-node/node/identity"
+	"github.com/datum-cloud/galactic-node/test/framework/nettest"
 )
 
 // decisionsOf reads the decisions rows of id from the real map.

@@ -13,8 +13,8 @@ import (
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/datum-cloud/galactic-node/internal/nettest"
 	"github.com/datum-cloud/galactic-node/node/routewatch"
+	"github.com/datum-cloud/galactic-node/test/framework/nettest"
 )
 
 // view stands in for the datapath's maps: the benchmark measures the

@@ -7,12 +7,12 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/datum-cloud/galactic-node/internal/nettest"
 	"github.com/datum-cloud/galactic-node/node/identity"
 	"github.com/datum-cloud/galactic-node/node/link"
 	"github.com/datum-cloud/galactic-node/node/tap"
 	"github.com/datum-cloud/galactic-node/node/tun"
 	"github.com/datum-cloud/galactic-node/node/tun/holder"
+	"github.com/datum-cloud/galactic-node/test/framework/nettest"
 )
 
 const table = 1062

@@ -6,8 +6,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/datum-cloud/galactic-node/internal/nettest"
 	"github.com/datum-cloud/galactic-node/node/tun"
+	"github.com/datum-cloud/galactic-node/test/framework/nettest"
 )
 
 func TestOpenRefusesBadNamesAndMismatchedModes(t *testing.T) {

@@ -10,9 +10,9 @@ import (
 
 	"k8s.io/client-go/rest"
 
-	"github.com/datum-cloud/galactic-node/internal/clustertest"
 	"github.com/datum-cloud/galactic-node/node/identity"
 	"github.com/datum-cloud/galactic-node/node/inventory"
+	"github.com/datum-cloud/galactic-node/test/framework/clustertest"
 )
 
 // askCounted is a Candidates source over cluster whose consistent reads

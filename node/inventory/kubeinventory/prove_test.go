@@ -14,9 +14,9 @@ import (
 
 	"k8s.io/client-go/rest"
 
-	"github.com/datum-cloud/galactic-node/internal/clustertest"
 	"github.com/datum-cloud/galactic-node/node/identity"
 	"github.com/datum-cloud/galactic-node/node/inventory"
+	"github.com/datum-cloud/galactic-node/test/framework/clustertest"
 )
 
 // consistentRead reports whether r is a consistent read (a page of Prove,

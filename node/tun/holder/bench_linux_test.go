@@ -4,11 +4,11 @@ import (
 	"context"
 	"testing"
 
-	"github.com/datum-cloud/galactic-node/internal/nettest"
 	"github.com/datum-cloud/galactic-node/node/identity"
 	"github.com/datum-cloud/galactic-node/node/link"
 	"github.com/datum-cloud/galactic-node/node/tun"
 	"github.com/datum-cloud/galactic-node/node/tun/holder"
+	"github.com/datum-cloud/galactic-node/test/framework/nettest"
 )
 
 // BenchmarkProbeWindow measures the window a multiqueue tap keeps after its

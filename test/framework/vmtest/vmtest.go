@@ -43,7 +43,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/datum-cloud/galactic-node/internal/syncbuf"
+	"github.com/datum-cloud/galactic-node/test/framework/syncbuf"
 )
 
 const (
@@ -86,7 +86,7 @@ func buildGuest() (kernel, initrd string, err error) {
 	if !ok {
 		return "", "", errors.New("locate hack/guest.sh: no caller information")
 	}
-	script := filepath.Join(filepath.Dir(file), "..", "..", "hack", "guest.sh")
+	script := filepath.Join(filepath.Dir(file), "..", "..", "..", "hack", "guest.sh")
 	ctx, cancel := context.WithTimeout(context.Background(), guestBuildTimeout)
 	defer cancel()
 	var stderr strings.Builder

@@ -41,7 +41,7 @@ func TestInstallStepsAreTheShBlocksOfTheInstallSectionOnly(t *testing.T) {
 }
 
 func TestTheRepositorysInstallSectionHasSteps(t *testing.T) {
-	steps, err := InstallSteps("../..")
+	steps, err := InstallSteps("../../..")
 	if err != nil || len(steps) < 3 {
 		t.Fatalf("docs/operations.md: %d steps, %v", len(steps), err)
 	}

@@ -1,7 +1,7 @@
 // Package ipamtest is an address service shaped like milo-os/ipam
 // (github.com/milo-os/ipam), for tests of code that claims addresses from
 // it. It is a reverse proxy in front of a real kube-apiserver (the one
-// internal/clustertest starts, where the IPClaim and IPAllocation CRDs of
+// test/framework/clustertest starts, where the IPClaim and IPAllocation CRDs of
 // deploy/crds are installed) that carries out itself the requests ipam
 // answers its own way, and forwards every other request unchanged:
 //

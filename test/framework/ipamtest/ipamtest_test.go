@@ -28,8 +28,8 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/datum-cloud/galactic-node/hubctl"
-	"github.com/datum-cloud/galactic-node/internal/clustertest"
-	"github.com/datum-cloud/galactic-node/internal/ipamtest"
+	"github.com/datum-cloud/galactic-node/test/framework/clustertest"
+	"github.com/datum-cloud/galactic-node/test/framework/ipamtest"
 )
 
 func TestMain(m *testing.M) { os.Exit(clustertest.Main(m)) }
@@ -644,7 +644,7 @@ func TestNothingShippedImportsIt(t *testing.T) {
 		t.Fatalf("go list -deps ./cmd/...: %v", err)
 	}
 	for _, pkg := range strings.Fields(string(out)) {
-		if strings.HasSuffix(pkg, "/internal/ipamtest") {
+		if strings.HasSuffix(pkg, "/test/framework/ipamtest") {
 			t.Fatalf("a command links %s", pkg)
 		}
 	}

@@ -137,3 +137,28 @@ func TestTheDatapathImportsNothingOfTheNode(t *testing.T) {
 		}
 	}
 }
+
+// test/ holds what only tests the product: harnesses that start API
+// servers, open taps and kill processes. The product's packages (their
+// non-test files) must never reach it, so that nothing of it can ship.
+func TestNoProductPackageImportsTheTestTree(t *testing.T) {
+	out, err := exec.Command("go", "list", module+"/...").Output()
+	if err != nil {
+		t.Fatalf("go list ./...: %v", err)
+	}
+	isTest := func(p string) bool { return strings.HasPrefix(p, module+"/test/") }
+	var roots []string
+	for _, p := range strings.Fields(string(out)) {
+		if !isTest(p) && !strings.HasPrefix(p, module+"/integration") && !strings.HasPrefix(p, module+"/e2e") && !strings.HasPrefix(p, module+"/bench") {
+			roots = append(roots, p)
+		}
+	}
+	if len(roots) == 0 {
+		t.Fatal("go list ./... lists no product package")
+	}
+	for _, root := range roots {
+		if bad := chains(root, deps(t, root), isTest); len(bad) > 0 {
+			t.Errorf("%s imports the test tree, through:\n\t%s", root, strings.Join(bad, "\n\t"))
+		}
+	}
+}

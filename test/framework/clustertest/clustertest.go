@@ -222,7 +222,7 @@ func exists(p string) bool { _, err := os.Stat(p); return err == nil }
 
 func repoRoot() string {
 	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..")
+	return filepath.Join(filepath.Dir(file), "..", "..", "..")
 }
 
 // Apply creates obj, and sets its status through the status subresource

@@ -14,10 +14,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/datum-cloud/galactic-node/internal/nettest"
-	"github.com/datum-cloud/galactic-node/internal/vmtest"
 	"github.com/datum-cloud/galactic-node/node/netns"
 	"github.com/datum-cloud/galactic-node/node/tun"
+	"github.com/datum-cloud/galactic-node/test/framework/nettest"
+	"github.com/datum-cloud/galactic-node/test/framework/vmtest"
 )
 
 // bootTimeout bounds the guest's run from QEMU's start to GALACTIC-DONE:
