@@ -507,6 +507,7 @@ func (d *daemon) openEvents(ctx context.Context) error {
 }
 
 func (d *daemon) openReclaim(ctx context.Context) error {
+	breakFlags(d.f, d.log)
 	f := d.f
 	// The kernel probe decides whether a tap is free; without the tun
 	// device every removal fails at stage probe, which the failures metric
@@ -536,7 +537,8 @@ func (d *daemon) openReclaim(ctx context.Context) error {
 	if d.events != nil {
 		rcfg.Events = d.events
 	}
-	d.reclaimer = reclaim.New(d.conn, d.inv, reclaimRegistry(d.registry, d.log), d.locks, passSignal{d.metrics, d.passDone}, d.log, rcfg)
+	links, inv, reg := reclaimInputs(d.conn, d.inv, d.registry, &rcfg, d.log)
+	d.reclaimer = reclaim.New(links, inv, reg, d.locks, passSignal{d.metrics, d.passDone}, d.log, rcfg)
 	if memory == nil {
 		d.log.Warn("the brake's memory is kept in the daemon only (--brake-memory=): a restart releases an engaged brake")
 		return nil

@@ -192,7 +192,7 @@ func start(t testing.TB, configure func(*envtest.APIServer), crdDir string) *Clu
 		// operator's cluster serves (testdata/prometheus-operator/README.md).
 		CRDDirectoryPaths: []string{
 			crdDir,
-			filepath.Join(repoRoot(), "internal", "clustertest", "testdata", "prometheus-operator"),
+			filepath.Join(repoRoot(), "test", "framework", "clustertest", "testdata", "prometheus-operator"),
 		},
 		ErrorIfCRDPathMissing: true,
 		// Tests stop and start the API server; with watches open its
