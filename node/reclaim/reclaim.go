@@ -708,6 +708,7 @@ func (r *Reclaimer) remove(ctx context.Context, confirmed []candidate, dump []li
 	progress := func(out teardown.Outcome) {
 		r.progress(func(run *Report) {
 			run.Reclaimed, run.WouldReclaim = slices.Clone(out.Removed), slices.Clone(out.WouldRemove)
+			run.Removing = slices.Clone(out.Removing)
 			run.Kept, run.Failed = slices.Clone(out.Kept), slices.Clone(out.Failed)
 		})
 	}

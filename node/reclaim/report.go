@@ -30,12 +30,16 @@ type Report struct {
 	// Held are the confirmed taps the mass-removal brake kept, all of a
 	// braked pass's: listed apart so that a script can still tell the
 	// confirmed taps a pass went on to remove (Confirmed without Held).
-	Held         []TapRef  `json:"held,omitempty"`
-	WouldReclaim []TapRef  `json:"wouldReclaim,omitempty"`
-	Reclaimed    []TapRef  `json:"reclaimed"`
-	Kept         []Kept    `json:"kept"`
-	Failed       []Failure `json:"failed"`
-	RolledOver   int       `json:"rolledOver"`
+	Held         []TapRef `json:"held,omitempty"`
+	WouldReclaim []TapRef `json:"wouldReclaim,omitempty"`
+	Reclaimed    []TapRef `json:"reclaimed"`
+	// Removing, in the pass in flight only, are the taps whose delete is
+	// under way: gone from the node's links, perhaps, and not yet in
+	// Reclaimed (teardown.Outcome.Removing).
+	Removing   []TapRef  `json:"removing,omitempty"`
+	Kept       []Kept    `json:"kept"`
+	Failed     []Failure `json:"failed"`
+	RolledOver int       `json:"rolledOver"`
 	// Brake is set when the mass-removal brake kept every confirmed tap,
 	// or was released, in this pass.
 	Brake *BrakeReport `json:"brake,omitempty"`

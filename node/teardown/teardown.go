@@ -102,7 +102,15 @@ type Failure struct {
 // Outcome is what Remove did with each target. A target whose link went but
 // whose rows did not is in Removed and in Failed (StageRows).
 type Outcome struct {
-	Removed     []TapRef
+	Removed []TapRef
+	// Removing are the taps whose delete is under way. The kernel unlists
+	// a link before it answers its delete (the answer waits for
+	// netdev_run_todo's RCU barrier and the device's last references,
+	// net/core/dev.c), so a tap can be gone from every dump for tens of
+	// milliseconds before Removed names it; Progress hears of it here
+	// first, so that a tap gone is never a tap the caller's report does
+	// not name.
+	Removing    []TapRef
 	WouldRemove []TapRef
 	Kept        []Kept
 	Failed      []Failure
@@ -369,7 +377,9 @@ func (o *run) deleteOne(ctx context.Context, t TapRef) []TapRef {
 		o.keep(t, why)
 		return nil
 	}
+	o.removing(t)
 	if err := o.rm.Links.DeleteVerified(ctx, t.Expect()); err != nil && !errors.Is(err, link.ErrLinkGone) {
+		o.out.Removing = nil
 		if errors.Is(err, link.ErrLinkChanged) {
 			o.keep(t, "changed before delete: "+err.Error())
 		} else {
@@ -444,7 +454,9 @@ func (o *run) deleteGroup(ctx context.Context, batch []TapRef) []TapRef {
 	if len(ours) == 0 {
 		return nil
 	}
+	o.removing(slices.SortedFunc(maps.Values(ours), func(a, b TapRef) int { return cmp.Compare(a.Ifindex, b.Ifindex) })...)
 	if err := o.rm.Links.DeleteGroup(ctx, group); err != nil {
+		o.out.Removing = nil
 		ungroup(grouped...)
 		for _, t := range ours {
 			o.fail(t, StageLink, err)
@@ -459,6 +471,7 @@ func (o *run) deleteGroup(ctx context.Context, batch []TapRef) []TapRef {
 // The links are gone before their rows: they count as removed, and the
 // caller hears so, before the first row is touched.
 func (o *run) clearRows(ctx context.Context, deleted []TapRef) {
+	o.out.Removing = nil
 	if len(deleted) == 0 {
 		return
 	}
@@ -482,6 +495,12 @@ func (o *run) fail(t TapRef, stage Stage, err error) {
 	o.out.Failed = append(o.out.Failed, Failure{Tap: t, Stage: stage, Error: err.Error()})
 	o.changed()
 	o.log.Warn("tap removal failed", "tap", t.Name, "ifindex", t.Ifindex, "stage", stage, "error", err)
+}
+
+// removing says, before the delete is sent, which taps it deletes.
+func (o *run) removing(ts ...TapRef) {
+	o.out.Removing = ts
+	o.changed()
 }
 
 // changed tells the caller's Progress what the outcome is now.
