@@ -14,7 +14,7 @@ PKGS            := ./...
 TESTPKGS        = $(shell $(GO) list ./... | grep -v -e /e2e$$ -e /integration/freshclone$$)
 VERSION         ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: demo all build images pin-images test test-unit test-fresh-clone test-privileged testbin e2e e2e-run e2ebin fuzz bench bench-fleet lint fmt-check vet generate
+.PHONY: robustness demo all build images pin-images test test-unit test-fresh-clone test-privileged testbin e2e e2e-run e2ebin fuzz bench bench-fleet lint fmt-check vet generate
 
 all: build
 
@@ -163,6 +163,15 @@ fuzz:
 		echo "fuzz $$1 ($$2, $$3)"; \
 		$(GO) test -run='^$$' -fuzz="^$$1\$$" -fuzztime=$$3 -timeout 20m $$2 || exit 1; \
 	done
+
+# The robustness run (test/robustness, docs/robustness.md) for DURATION of
+# random work and faults, where make test runs it for 90 s: the node's, and
+# the hub's against both address-service models. A failure names its seed
+# and keeps its history. As root.
+DURATION ?= 1h
+robustness: testbin
+	@if [ "$$(id -u)" != 0 ]; then echo "make robustness runs the daemon in namespaces of its own: run it as root"; exit 1; fi
+	GALACTICTEST_ROBUSTNESS_DURATION=$(DURATION) KUBEBUILDER_ASSETS=$$(hack/testbin.sh) $(GO) test -count=1 -timeout 0 -v ./test/robustness/...
 
 # Every benchmark, as root; writes bench/RESULTS.md.
 bench: testbin

@@ -15,9 +15,9 @@ type Rules struct {
 	// gone, or its making, whichever came last).
 	MinCandidateAge time.Duration
 	// Visible bounds how long after the harness saw a tap gone the pass
-	// that removed it may still not list it: a pass lists its removals
-	// as it makes them, and the harness reads /v1/passes right after the
-	// links. Zero: not checked.
+	// that removed it may still not list it (as removing or reclaimed):
+	// zero, the first read of /v1/passes that starts after the links
+	// were read without it must list it.
 	Visible time.Duration
 }
 
@@ -75,6 +75,7 @@ type timeline struct {
 	carried  map[string][]span
 	makes    map[string][]time.Time
 	releases []span
+	passes   []span
 	kills    []time.Time
 }
 
@@ -114,6 +115,15 @@ func build(events []Event) timeline {
 			}
 		case DaemonKilled:
 			tl.kills = append(tl.kills, e.At)
+		case PassStart:
+			tl.passes = append(tl.passes, span{start: e.At})
+		case PassEnd:
+			for i := len(tl.passes) - 1; i >= 0; i-- {
+				if tl.passes[i].end.IsZero() {
+					tl.passes[i].end = e.At
+					break
+				}
+			}
 		}
 	}
 	return tl
@@ -147,7 +157,10 @@ func removals(events []Event, tl timeline) []removal {
 
 // staleSince is when the tap's incarnation last seen at lastSeen became
 // stale: the last of its making, its last holder leaving and its identity
-// going, before gone.
+// going, before gone. A hold or an identity that came and went while no
+// pass ran is not counted: the daemon judges a tap at its passes (two
+// sightings, and the age since the first), so one that lived only between
+// two of them is not something it could have seen.
 func (tl timeline) staleSince(tap string, lastSeen, gone time.Time) time.Time {
 	var since time.Time
 	for _, at := range tl.makes[tap] {
@@ -157,12 +170,22 @@ func (tl timeline) staleSince(tap string, lastSeen, gone time.Time) time.Time {
 	}
 	for _, spans := range [][]span{tl.holds[tap], tl.carried[tap]} {
 		for _, s := range spans {
-			if !s.end.IsZero() && !s.end.After(gone) && s.end.After(since) {
+			if !s.end.IsZero() && !s.end.After(gone) && s.end.After(since) && tl.seenByAPass(s) {
 				since = s.end
 			}
 		}
 	}
 	return since
+}
+
+// seenByAPass reports whether a pass was in flight at some moment of s.
+func (tl timeline) seenByAPass(s span) bool {
+	for _, p := range tl.passes {
+		if p.overlaps(s.start, s.end) {
+			return true
+		}
+	}
+	return false
 }
 
 // Check judges a history by rules and returns every violation in it.
@@ -314,14 +337,22 @@ func checkAccounting(events []Event, tl timeline, r removal, reps []Event, rules
 	if read == nil || killedBy(read.At) {
 		return // no read of the passes before the daemon went: nothing to judge by
 	}
-	if rules.Visible > 0 && !slices.Contains(read.Refs, key) {
+	if !slices.Contains(read.Refs, key) {
 		add(RuleLate, r.gone, r.tap, "gone at %s and /v1/passes read at %s does not list its removal: it looks gone some other way",
 			clock(r.gone), clock(read.At))
 	}
-	if len(passes) == 0 {
+	// A delete under way when the daemon died is named as removing and
+	// never as reclaimed: the pass that would have said so died with it.
+	if len(passes) == 0 && !killedBy(r.gone.Add(reportBound)) {
 		add(RuleUnreported, r.gone, r.tap, "removed by the daemon (ifindex %d, gone at %s) and no pass report lists it", r.ifindex, clock(r.gone))
 	}
 }
+
+// reportBound is how long after a removal was seen a daemon that lives on
+// has surely listed it as reclaimed, and the harness read that: the pass
+// lists it the moment its delete returns, and the harness reads
+// /v1/passes every few milliseconds.
+const reportBound = time.Second
 
 func clock(t time.Time) string { return t.Format("15:04:05.000") }
 

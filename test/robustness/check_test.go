@@ -1,6 +1,7 @@
 package robustness
 
 import (
+	"os"
 	"slices"
 	"testing"
 	"time"
@@ -53,6 +54,11 @@ func TestTheCheckerJudgesEachRule(t *testing.T) {
 		{"removed while held", removedAt(2000, 2020, Event{At: at(100), Kind: HoldOpened, Tap: tapA}), []string{RuleHeld}},
 		{"removed after its holder left", removedAt(2000, 2020,
 			Event{At: at(100), Kind: HoldOpened, Tap: tapA}, Event{At: at(500), Kind: HoldClosed, Tap: tapA}), nil},
+		{"removed too soon after an identity a pass saw", removedAt(2000, 2020,
+			Event{At: at(1200), Kind: AttachmentCreated, Tap: tapA}, Event{At: at(1300), Kind: PassStart}, Event{At: at(1350), Kind: PassEnd},
+			Event{At: at(1500), Kind: AttachmentDeleted, Tap: tapA}), []string{RuleAge}},
+		{"an identity that lived between passes", removedAt(2000, 2020,
+			Event{At: at(1200), Kind: AttachmentCreated, Tap: tapA}, Event{At: at(1500), Kind: AttachmentDeleted, Tap: tapA}), nil},
 		{"removed while carried", removedAt(2000, 2020, Event{At: at(100), Kind: AttachmentCreated, Tap: tapA}), []string{RuleCarried}},
 		{"carried only after the pass started", removedAt(2000, 2020, Event{At: at(2000), Kind: AttachmentCreated, Tap: tapA}), nil},
 		{"removed by the harness's DEL", removedAt(500, 520,
@@ -87,8 +93,8 @@ func TestTheCheckerJudgesEachRule(t *testing.T) {
 	t.Run("a removal reported by none", func(t *testing.T) {
 		h := removedAt(2000, 2020)
 		none := append(h[:3:3], Event{At: at(2200), Kind: PassesSeen})
-		if got := rules(Check(none, Rules{MinCandidateAge: time.Second})); !slices.Equal(got, []string{RuleUnreported}) {
-			t.Fatalf("rules broken: %v, want %s", got, RuleUnreported)
+		if got := rules(Check(none, r)); !slices.Equal(got, []string{RuleLate, RuleUnreported}) {
+			t.Fatalf("rules broken: %v, want %s and %s", got, RuleLate, RuleUnreported)
 		}
 	})
 	t.Run("a removal reported that never happened", func(t *testing.T) {
@@ -97,4 +103,27 @@ func TestTheCheckerJudgesEachRule(t *testing.T) {
 			t.Fatalf("rules broken: %v, want %s", got, RuleInvented)
 		}
 	})
+}
+
+// TestCheckAHistory judges a kept history again, with this tree's checker:
+// GALACTICTEST_ROBUSTNESS_HISTORY=<folder>/history.jsonl (a failure names
+// the folder). Without it there is nothing to judge, and it says so.
+func TestCheckAHistory(t *testing.T) {
+	path := os.Getenv("GALACTICTEST_ROBUSTNESS_HISTORY")
+	if path == "" {
+		t.Skip("a replay tool: set GALACTICTEST_ROBUSTNESS_HISTORY to a kept history.jsonl")
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	events, err := ReadHistory(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%s: %s", path, Summary(events))
+	for _, v := range Check(events, Rules{MinCandidateAge: minAge, Visible: visible}) {
+		t.Errorf("%s", v)
+	}
 }

@@ -27,6 +27,8 @@ const (
 	HoldClosed        Kind = "hold-closed" // before its queues are closed
 	ReleaseStart      Kind = "brake-release-start"
 	ReleaseEnd        Kind = "brake-release-end"
+	PassStart         Kind = "pass-start" // a forced pass (or a release's) is asked for
+	PassEnd           Kind = "pass-end"   // and answered, or failed
 	DaemonStarted     Kind = "daemon-started"
 	DaemonKilled      Kind = "daemon-killed"
 	FaultStart        Kind = "fault-start"
