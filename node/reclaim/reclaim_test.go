@@ -657,7 +657,7 @@ func (u *unlistedFirst) check(ctx context.Context, before []uint32) {
 }
 
 func (u *unlistedFirst) DeleteGroup(ctx context.Context, group uint32) error {
-	links, _ := u.fakeLinks.Links(ctx)
+	links, _ := u.Links(ctx)
 	var ours []uint32
 	for _, l := range links {
 		if l.Group == group {

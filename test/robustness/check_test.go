@@ -85,14 +85,14 @@ func TestTheCheckerJudgesEachRule(t *testing.T) {
 
 	t.Run("a removal reported late", func(t *testing.T) {
 		h := removedAt(2000, 2020)
-		late := append(h[:3:3], Event{At: at(2200), Kind: PassesSeen}, Event{At: at(2400), Kind: Reported, Tap: tapA, Ifindex: 7, Pass: at(1999).Format(time.RFC3339Nano)})
+		late := append(slices.Clone(h[:3]), Event{At: at(2200), Kind: PassesSeen}, Event{At: at(2400), Kind: Reported, Tap: tapA, Ifindex: 7, Pass: at(1999).Format(time.RFC3339Nano)})
 		if got := rules(Check(late, r)); !slices.Equal(got, []string{RuleLate}) {
 			t.Fatalf("rules broken: %v, want %s", got, RuleLate)
 		}
 	})
 	t.Run("a removal reported by none", func(t *testing.T) {
 		h := removedAt(2000, 2020)
-		none := append(h[:3:3], Event{At: at(2200), Kind: PassesSeen})
+		none := append(slices.Clone(h[:3]), Event{At: at(2200), Kind: PassesSeen})
 		if got := rules(Check(none, r)); !slices.Equal(got, []string{RuleLate, RuleUnreported}) {
 			t.Fatalf("rules broken: %v, want %s and %s", got, RuleLate, RuleUnreported)
 		}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
@@ -298,9 +299,12 @@ func (s *scene) brake() (Brake, error) {
 	if err != nil {
 		return Brake{}, err
 	}
+	if code != http.StatusOK {
+		return Brake{}, fmt.Errorf("GET /v1/status: %d: %.200s", code, body)
+	}
 	var st struct{ Brake Brake }
-	if err := json.Unmarshal(body, &st); code != http.StatusOK || err != nil {
-		return Brake{}, fmt.Errorf("GET /v1/status: %d %v", code, err)
+	if err := json.Unmarshal(body, &st); err != nil {
+		return Brake{}, fmt.Errorf("GET /v1/status: %w", err)
 	}
 	return st.Brake, nil
 }
@@ -519,8 +523,11 @@ func (s *scene) residue(taps map[string]uint32) []string {
 			out = append(out, fmt.Sprintf("ifindex %d (%s) has rows %v, pinned %v, and no tap", r.Ifindex, r.Identity, r.Rows, r.Pinned))
 		}
 	}
-	_ = filepath.WalkDir(s.data, func(path string, d os.DirEntry, err error) error {
-		if err != nil || d.IsDir() {
+	err = filepath.WalkDir(s.data, func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
 			return nil
 		}
 		name := d.Name()
@@ -535,6 +542,9 @@ func (s *scene) residue(taps map[string]uint32) []string {
 		}
 		return nil
 	})
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		out = append(out, fmt.Sprintf("read the CNI records: %v", err))
+	}
 	slices.Sort(out)
 	return out
 }
