@@ -558,6 +558,14 @@ func (r *Reclaimer) pass(ctx context.Context, started time.Time, opts PassOption
 	for _, t := range rep.Reclaimed {
 		delete(next, t.Ifindex)
 	}
+	// A tap the removal kept was found live a moment ago (held at the
+	// probe, its identity carried at the recheck) or in someone's hands
+	// (its VRF lock taken, its link changed): it starts over, two
+	// sightings and the minimum age from now, rather than go on the next
+	// pass on an age counted from before it lived.
+	for _, k := range rep.Kept {
+		delete(next, k.Tap.Ifindex)
+	}
 	r.track(next, opts)
 	r.collectOrphans(ctx, links, opts.DryRun, !opts.preview, &rep)
 	rep.Result = ResultCompleted

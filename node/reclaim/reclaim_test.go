@@ -299,8 +299,12 @@ func TestASingleQueueTapGoesOnlyOnTheKernelProbesWord(t *testing.T) {
 	if rep := h.pass(t); len(rep.Candidates) != 1 || held.probed != 1 || len(rep.Kept) != 1 || !strings.Contains(rep.Kept[0].Why, "held at probe") {
 		t.Fatalf("a single-queue tap the probe finds held: %+v", rep)
 	}
+	// Kept, it starts over: the next pass marks it, the one after probes.
 	free := &fakeProber{}
 	h.r.useProber(free)
+	if rep := h.pass(t); !h.links.has(idx) || free.probed != 0 {
+		t.Fatalf("the pass after a probe found it held: %+v", rep)
+	}
 	if rep := h.pass(t); h.links.has(idx) || len(rep.Reclaimed) != 1 || free.probed != 1 {
 		t.Fatalf("a single-queue tap the probe finds free: %+v", rep)
 	}
@@ -472,8 +476,14 @@ func TestRemovalRestsOnAnInventoryProvenCurrent(t *testing.T) {
 		t.Fatalf("an attachment only the origin holds: %+v", rep)
 	}
 
+	// Kept, it starts over: the next pass marks it again.
+	inv.origin = liveInventory()
+	if rep := h.pass(t); len(rep.Candidates) != 1 || len(rep.Confirmed) != 0 {
+		t.Fatalf("the pass after a reprieve must only mark: %+v", rep)
+	}
+
 	// The origin cannot be read: nothing removed, candidates forgotten.
-	inv.origin, inv.proveErr = liveInventory(), errInjected
+	inv.proveErr = errInjected
 	rep := h.pass(t)
 	if !h.links.has(idx) || rep.Result != ResultSkipped || !strings.Contains(rep.Reason, errInjected.Error()) || len(h.r.Pending()) != 0 {
 		t.Fatalf("a failed proof: %+v, pending %v", rep, h.r.Pending())
@@ -695,6 +705,51 @@ func TestAPassNamesATapBeforeItsLinkIsGone(t *testing.T) {
 			}
 			if len(u.unseen) > 0 {
 				t.Fatalf("ifindexes %v were gone from the links while the pass in flight named none of them", u.unseen)
+			}
+		})
+	}
+}
+
+// Guards the age after a reprieve: a confirmed tap that the removal found
+// held (at the kernel probe) or carried (at the recheck) was live a moment
+// ago, so it starts over, two sightings and the minimum age from then. The
+// robustness run found a tap removed 37 ms after its identity went: kept
+// as carried at recheck, its candidacy, first seen six seconds before,
+// confirmed it again on the next pass (docs/robustness.md).
+func TestATapKeptAtRemovalStartsOver(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		spare func(h *harness, inv *inventory.Static)
+	}{
+		{"held at the probe", func(h *harness, _ *inventory.Static) {
+			h.r.useProber(&fakeProber{err: fmt.Errorf("probe: EBUSY: %w", holder.ErrHeld)})
+		}},
+		{"carried at the recheck", func(h *harness, inv *inventory.Static) {
+			h.links.onVerify = func(*fakeLinks, uint32) {
+				inv.Objects = append(inv.Objects, inventory.AttachmentObject("ns", "att-2", stale.VPC.Base62(), stale.Attachment.Base62()))
+			}
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			inv := liveInventory()
+			h := newHarness(inv, Config{MinCandidateAge: 50 * time.Millisecond})
+			idx := h.links.addTap(stale, "sandbox-2", 0, 0)
+			h.links.update(idx, func(l *link.Link) {
+				l.Tun.MultiQueue, l.Tun.NumQueues, l.Tun.NumDisabledQueues = false, nil, nil
+			})
+			h.r.useProber(&fakeProber{})
+			h.pass(t)
+			time.Sleep(60 * time.Millisecond) // of age
+			c.spare(h, inv)
+			if rep := h.pass(t); len(rep.Kept) != 1 || !h.links.has(idx) {
+				t.Fatalf("the reprieve: %+v", rep)
+			}
+			// Live no more: the holder left, the attachment went.
+			h.links.onVerify = nil
+			inv.Objects = liveInventory().Objects
+			h.r.useProber(&fakeProber{})
+			if rep := h.pass(t); !h.links.has(idx) || len(rep.Reclaimed) != 0 {
+				t.Fatalf("the pass after the reprieve removed the tap at once, its age counted from before it was live: %+v", rep)
 			}
 		})
 	}
