@@ -4,11 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -66,6 +68,25 @@ func (w weights) with(over weights) weights {
 		out[k] = v
 	}
 	return out
+}
+
+// leaned is the workload with GALACTICTEST_ROBUSTNESS_LEAN's weights
+// ("killed-add=40,hold=0") over it: a longer run aimed at one suspicion.
+func leaned(t *testing.T, w weights) weights {
+	spec := os.Getenv("GALACTICTEST_ROBUSTNESS_LEAN")
+	if spec == "" {
+		return w
+	}
+	over := weights{}
+	for _, kv := range strings.Split(spec, ",") {
+		k, v, ok := strings.Cut(kv, "=")
+		n, err := strconv.Atoi(v)
+		if _, known := w[k]; !ok || err != nil || n < 0 || !known {
+			t.Fatalf("GALACTICTEST_ROBUSTNESS_LEAN=%q: want operation=weight pairs, comma-separated, of %v", spec, slices.Sorted(maps.Keys(w)))
+		}
+		over[k] = n
+	}
+	return w.with(over)
 }
 
 func (w weights) draw(rng *rand.Rand) string {
@@ -611,7 +632,7 @@ func story(events []Event, tap string) string {
 func TestTheNodeUnderRandomWorkAndFaults(t *testing.T) {
 	seed := chaostest.Seed()
 	cluster := clustertest.Shared(t)
-	r := newRun(t, newScene(t, cluster, 1, bins.daemon, nil), seed, workload)
+	r := newRun(t, newScene(t, cluster, 1, bins.daemon, nil), seed, leaned(t, workload))
 	start := time.Now()
 	r.drive(budget(90*time.Second), true, nil)
 	r.settle()
