@@ -5,14 +5,11 @@ import (
 	"net"
 	"net/url"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/google/nftables"
-	"github.com/google/nftables/expr"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -144,39 +141,7 @@ func (r *remoteNode) start(extra ...string) {
 // no reset: watches hang and no read fails, as in a network partition.
 func (r *remoteNode) partition(t *testing.T) func() {
 	t.Helper()
-	c, err := nftables.New(nftables.WithNetNSFd(int(r.ns.File.Fd())))
-	if err != nil {
-		t.Fatal(err)
-	}
-	table := c.AddTable(&nftables.Table{Family: nftables.TableFamilyIPv4, Name: "galactic_partition"})
-	for _, dir := range []struct {
-		hook   *nftables.ChainHook
-		offset uint32 // of the API server's address: daddr out, saddr in
-	}{{nftables.ChainHookOutput, 16}, {nftables.ChainHookInput, 12}} {
-		chain := c.AddChain(&nftables.Chain{Name: "drop" + strconv.Itoa(int(dir.offset)), Table: table, Type: nftables.ChainTypeFilter,
-			Hooknum: dir.hook, Priority: nftables.ChainPriorityFilter})
-		c.AddRule(&nftables.Rule{Table: table, Chain: chain, Exprs: []expr.Any{
-			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: dir.offset, Len: 4},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: net.ParseIP(apiAddr).To4()},
-			&expr.Verdict{Kind: expr.VerdictDrop},
-		}})
-	}
-	if err := c.Flush(); err != nil {
-		t.Fatalf("partition: %v", err)
-	}
-	healed := false
-	heal := func() {
-		if healed {
-			return
-		}
-		healed = true
-		c.DelTable(table)
-		if err := c.Flush(); err != nil {
-			t.Errorf("heal the partition: %v", err)
-		}
-	}
-	t.Cleanup(heal)
-	return heal
+	return nettest.Partition(t, r.ns, apiAddr)
 }
 
 func (r *remoteNode) pending(name string) bool {

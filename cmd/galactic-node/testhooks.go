@@ -15,12 +15,9 @@ import (
 	"time"
 
 	"github.com/datum-cloud/galactic-node/node/attachreg"
-	"github.com/datum-cloud/galactic-node/node/identity"
 	"github.com/datum-cloud/galactic-node/node/inventory"
-	"github.com/datum-cloud/galactic-node/node/link"
-	"github.com/datum-cloud/galactic-node/node/link/driver"
 	"github.com/datum-cloud/galactic-node/node/reclaim"
-	"github.com/datum-cloud/galactic-node/node/tun/holder"
+	"github.com/datum-cloud/galactic-node/node/reclaim/reclaimbreak"
 )
 
 // hangAfterLinksEnv names a marker file. When it is set, the first removal
@@ -59,14 +56,14 @@ func reclaimInputs(links reclaim.Links, inv inventory.Source, reg *attachreg.Reg
 	}
 	switch rule := os.Getenv(breakEnv); rule {
 	case "held":
-		links = unheldLinks{inner: links}
-		cfg.Prober = blindProber{}
+		links = reclaimbreak.UnheldLinks{Inner: links}
+		cfg.Prober = reclaimbreak.BlindProber{}
 	case "carried":
 		asker, ok := inv.(inventory.Asker)
 		if !ok {
 			panic(fmt.Sprintf("%s=carried needs --inventory=candidates, not %T", breakEnv, inv))
 		}
-		inv = uncarried{asker}
+		inv = reclaimbreak.UncarriedAsker{Asker: asker}
 	case "", "age", "brake-memory":
 		return links, inv, r
 	default:
@@ -88,71 +85,4 @@ func (h hangAfterLinks) UnregisterInterface(ctx context.Context, ifindex uint32)
 	_ = os.WriteFile(h.marker, []byte("links deleted\n"), 0o600)
 	time.Sleep(time.Hour)
 	return h.Registry.UnregisterInterface(ctx, ifindex)
-}
-
-// unheldLinks reports every tap as a multiqueue tap with no queue and
-// carrier off: whatever holds it is never seen.
-type unheldLinks struct{ inner reclaim.Links }
-
-func unheld(l link.Link) link.Link {
-	if l.Kind != "tun" {
-		return l
-	}
-	zero, off := uint32(0), false
-	l.Carrier = &off
-	l.Tun = &driver.Tun{Type: driver.TunTypeTap, MultiQueue: true, NumQueues: &zero, NumDisabledQueues: &zero}
-	return l
-}
-
-func (u unheldLinks) Links(ctx context.Context) ([]link.Link, error) {
-	links, err := u.inner.Links(ctx)
-	for i := range links {
-		links[i] = unheld(links[i])
-	}
-	return links, err
-}
-
-func (u unheldLinks) Verify(ctx context.Context, want link.Expect) (link.Link, error) {
-	l, err := u.inner.Verify(ctx, want)
-	return unheld(l), err
-}
-
-// blindProber claims every tap without asking the kernel: the probe off.
-type blindProber struct{}
-
-func (blindProber) Claim(context.Context, link.Tap) (*holder.Claim, error) {
-	return &holder.Claim{}, nil
-}
-
-// uncarried asks the cluster as the daemon does, then forgets which
-// identities the answer carries: health and counts stay, so every pass
-// still runs and every unheld tap looks stale.
-type uncarried struct{ inventory.Asker }
-
-func forget(s inventory.Snapshot) inventory.Snapshot {
-	return inventory.Snapshot{TakenAt: s.TakenAt, Synced: s.Synced, Err: s.Err,
-		Attachments: s.Attachments, Advertisements: s.Advertisements,
-		MalformedAttachments: s.MalformedAttachments, MalformedAdvertisements: s.MalformedAdvertisements,
-		MalformedSample: s.MalformedSample, MalformedWhy: s.MalformedWhy}
-}
-
-func (u uncarried) Snapshot(ctx context.Context) inventory.Snapshot {
-	return forget(u.Asker.Snapshot(ctx))
-}
-
-func (u uncarried) Ask(ctx context.Context, ids []identity.Identity) (inventory.Snapshot, error) {
-	s, err := u.Asker.Ask(ctx, ids)
-	return forget(s), err
-}
-
-func (u unheldLinks) Set(ctx context.Context, index uint32, ch link.Change) error {
-	return u.inner.Set(ctx, index, ch)
-}
-
-func (u unheldLinks) DeleteVerified(ctx context.Context, want link.Expect) error {
-	return u.inner.DeleteVerified(ctx, want)
-}
-
-func (u unheldLinks) DeleteGroup(ctx context.Context, group uint32) error {
-	return u.inner.DeleteGroup(ctx, group)
 }

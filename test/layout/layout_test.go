@@ -162,3 +162,15 @@ func TestNoProductPackageImportsTheTestTree(t *testing.T) {
 		}
 	}
 }
+
+// The broken rules the suites must catch (node/reclaim/reclaimbreak) are
+// linked by the daemon's galactic_testhooks build only: a product binary
+// that linked them could be one flag away from deleting held taps.
+func TestNoProductBinaryLinksTheBrokenRules(t *testing.T) {
+	for _, root := range []string{module + "/cmd/galactic-node", module + "/cmd/galactic-tap", module + "/cmd/galactic-hubctl"} {
+		isBreak := func(p string) bool { return p == module+"/node/reclaim/reclaimbreak" }
+		if bad := chains(root, deps(t, root), isBreak); len(bad) > 0 {
+			t.Errorf("%s links the broken rules, through:\n\t%s", root, strings.Join(bad, "\n\t"))
+		}
+	}
+}

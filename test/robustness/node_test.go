@@ -476,11 +476,7 @@ func (r *run) fault(kind string) {
 		if r.heal != nil {
 			return
 		}
-		heal, err := r.partition()
-		if err != nil {
-			r.op("%v", err)
-			return
-		}
+		heal := r.partition()
 		d := time.Duration(1+r.rng.IntN(4)) * time.Second
 		r.h.Add(Event{Kind: FaultStart, Detail: "partition from the API server for " + d.String()})
 		r.heal, r.healAt = heal, time.Now().Add(d)

@@ -16,7 +16,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -26,8 +25,6 @@ import (
 
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/invoke"
-	"github.com/google/nftables"
-	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -179,33 +176,8 @@ func (s *scene) connectAPI() {
 
 // partition drops every packet between the node and the API server, with
 // no reset: requests hang until their own bounds. It returns the heal.
-func (s *scene) partition() (func(), error) {
-	c, err := nftables.New(nftables.WithNetNSFd(int(s.host.File.Fd())))
-	if err != nil {
-		return nil, fmt.Errorf("partition: %w", err)
-	}
-	table := c.AddTable(&nftables.Table{Family: nftables.TableFamilyIPv4, Name: "robust_partition"})
-	for _, dir := range []struct {
-		hook   *nftables.ChainHook
-		offset uint32 // of the API server's address: daddr out, saddr in
-	}{{nftables.ChainHookOutput, 16}, {nftables.ChainHookInput, 12}} {
-		chain := c.AddChain(&nftables.Chain{Name: "drop" + strconv.Itoa(int(dir.offset)), Table: table, Type: nftables.ChainTypeFilter,
-			Hooknum: dir.hook, Priority: nftables.ChainPriorityFilter})
-		c.AddRule(&nftables.Rule{Table: table, Chain: chain, Exprs: []expr.Any{
-			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: dir.offset, Len: 4},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: net.ParseIP(apiAddr).To4()},
-			&expr.Verdict{Kind: expr.VerdictDrop},
-		}})
-	}
-	if err := c.Flush(); err != nil {
-		return nil, fmt.Errorf("partition: %w", err)
-	}
-	return func() {
-		c.DelTable(table)
-		if err := c.Flush(); err != nil {
-			s.t.Errorf("heal the partition: %v", err)
-		}
-	}, nil
+func (s *scene) partition() func() {
+	return nettest.Partition(s.t, s.host, apiAddr)
 }
 
 // startDaemon runs the daemon under test in the node's namespace, its log

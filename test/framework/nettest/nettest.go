@@ -17,11 +17,15 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 
 	"github.com/cilium/ebpf"
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
 
 	"github.com/datum-cloud/galactic-node/node/link"
 	"github.com/datum-cloud/galactic-node/node/netns"
@@ -316,4 +320,43 @@ func PinnedRowsKeyedBy(t testing.TB, pinDir string, ifindex uint32, skip map[str
 		m.Close()
 	}
 	return found
+}
+
+// Partition drops every IPv4 packet between ns and addr, in both
+// directions, sending no reset: requests hang until their own bounds, as
+// in a network partition. It returns the heal, which t's end runs too; a
+// second heal does nothing.
+func Partition(t testing.TB, ns *NS, addr string) (heal func()) {
+	t.Helper()
+	c, err := nftables.New(nftables.WithNetNSFd(int(ns.File.Fd())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	table := c.AddTable(&nftables.Table{Family: nftables.TableFamilyIPv4, Name: "galactic_partition"})
+	for _, dir := range []struct {
+		hook   *nftables.ChainHook
+		offset uint32 // of addr in the IPv4 header: daddr out, saddr in
+	}{{nftables.ChainHookOutput, 16}, {nftables.ChainHookInput, 12}} {
+		chain := c.AddChain(&nftables.Chain{Name: "drop" + strconv.Itoa(int(dir.offset)), Table: table, Type: nftables.ChainTypeFilter,
+			Hooknum: dir.hook, Priority: nftables.ChainPriorityFilter})
+		c.AddRule(&nftables.Rule{Table: table, Chain: chain, Exprs: []expr.Any{
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: dir.offset, Len: 4},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: net.ParseIP(addr).To4()},
+			&expr.Verdict{Kind: expr.VerdictDrop},
+		}})
+	}
+	if err := c.Flush(); err != nil {
+		t.Fatalf("partition %s from %s: %v", ns.Name, addr, err)
+	}
+	var once sync.Once
+	heal = func() {
+		once.Do(func() {
+			c.DelTable(table)
+			if err := c.Flush(); err != nil {
+				t.Errorf("heal the partition of %s from %s: %v", ns.Name, addr, err)
+			}
+		})
+	}
+	t.Cleanup(heal)
+	return heal
 }
