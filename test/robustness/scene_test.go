@@ -436,9 +436,14 @@ func (s *scene) tapArgs(verb string, att int) []string {
 		"--gateway4", "10.20.255.254", "--bpffs", s.bpffs, "--vrf-lock-dir", s.locks}
 }
 
-// hold opens the tap as a VMM does (the plugin makes single-queue taps).
+// hold opens the tap as a VMM does: single-queue, as the plugin makes
+// taps, or multiqueue, as `tap add` does, whichever the kernel takes.
 func (s *scene) hold(name string) (*nettest.Holder, error) {
-	return nettest.TryHold(s.t, s.host, name, nettest.HoldOptions{Mode: tun.Mode{SingleQueue: true}})
+	h, err := nettest.TryHold(s.t, s.host, name, nettest.HoldOptions{Mode: tun.Mode{SingleQueue: true}})
+	if errors.Is(err, unix.EINVAL) {
+		h, err = nettest.TryHold(s.t, s.host, name, nettest.HoldOptions{Mode: tun.Mode{}})
+	}
+	return h, err
 }
 
 func (s *scene) createAttachment(att int) error {
