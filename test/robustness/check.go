@@ -71,7 +71,7 @@ func (s span) overlaps(from, to time.Time) bool {
 // timeline is what the harness did to each tap, as spans.
 type timeline struct {
 	removes  map[string][]span // by tap; "" for an operation on every tap
-	holds    map[string][]span
+	holds    map[string][]span // by tap and ifindex (ref): a VMM holds one incarnation
 	carried  map[string][]span
 	makes    map[string][]time.Time
 	releases []span
@@ -98,9 +98,9 @@ func build(events []Event) timeline {
 		case RemoveEnd:
 			closeLast(tl.removes, e.Tap, e.At)
 		case HoldOpened:
-			open(tl.holds, e.Tap, e.At)
+			open(tl.holds, ref(e.Tap, e.Ifindex), e.At)
 		case HoldClosed:
-			closeLast(tl.holds, e.Tap, e.At)
+			closeLast(tl.holds, ref(e.Tap, e.Ifindex), e.At)
 		case AttachmentCreated:
 			open(tl.carried, e.Tap, e.At)
 		case AttachmentDeleted:
@@ -161,14 +161,14 @@ func removals(events []Event, tl timeline) []removal {
 // pass ran is not counted: the daemon judges a tap at its passes (two
 // sightings, and the age since the first), so one that lived only between
 // two of them is not something it could have seen.
-func (tl timeline) staleSince(tap string, lastSeen, gone time.Time) time.Time {
+func (tl timeline) staleSince(tap string, ifindex uint32, lastSeen, gone time.Time) time.Time {
 	var since time.Time
 	for _, at := range tl.makes[tap] {
 		if !at.After(lastSeen) && at.After(since) {
 			since = at
 		}
 	}
-	for _, spans := range [][]span{tl.holds[tap], tl.carried[tap]} {
+	for _, spans := range [][]span{tl.holds[ref(tap, ifindex)], tl.carried[tap]} {
 		for _, s := range spans {
 			if !s.end.IsZero() && !s.end.After(gone) && s.end.After(since) && tl.seenByAPass(s) {
 				since = s.end
@@ -209,7 +209,7 @@ func Check(events []Event, rules Rules) []Violation {
 		if r.byHarness {
 			continue
 		}
-		for _, s := range tl.holds[r.tap] {
+		for _, s := range tl.holds[ref(r.tap, r.ifindex)] {
 			if s.covers(r.lastSeen, r.gone) {
 				add(RuleHeld, r.gone, r.tap, "removed by the daemon (seen at %s, gone at %s) while a VMM held it since %s",
 					clock(r.lastSeen), clock(r.gone), clock(s.start))
@@ -231,7 +231,7 @@ func Check(events []Event, rules Rules) []Violation {
 					clock(r.gone), clock(s.start))
 			}
 		}
-		if since := tl.staleSince(r.tap, r.lastSeen, r.gone); !since.IsZero() && r.gone.Sub(since) < rules.MinCandidateAge {
+		if since := tl.staleSince(r.tap, r.ifindex, r.lastSeen, r.gone); !since.IsZero() && r.gone.Sub(since) < rules.MinCandidateAge {
 			add(RuleAge, r.gone, r.tap, "removed by the daemon %s after it became stale (at %s), under the minimum age %s",
 				r.gone.Sub(since).Round(time.Millisecond), clock(since), rules.MinCandidateAge)
 		}
@@ -254,8 +254,8 @@ func Check(events []Event, rules Rules) []Violation {
 		case Residue:
 			add(RuleResidue, e.At, e.Tap, "%s", e.Detail)
 		case Settled:
-			for name := range e.Taps {
-				if tl.live(name, e.At) {
+			for name, ifindex := range e.Taps {
+				if tl.live(name, ifindex, e.At) {
 					continue
 				}
 				add(RuleLiveness, e.At, name, "still on the node once faults stopped and the liveness bound passed: no hold, no identity carried")
@@ -267,8 +267,8 @@ func Check(events []Event, rules Rules) []Violation {
 }
 
 // live reports whether a tap is held or carried at at.
-func (tl timeline) live(tap string, at time.Time) bool {
-	for _, spans := range [][]span{tl.holds[tap], tl.carried[tap]} {
+func (tl timeline) live(tap string, ifindex uint32, at time.Time) bool {
+	for _, spans := range [][]span{tl.holds[ref(tap, ifindex)], tl.carried[tap]} {
 		for _, s := range spans {
 			if s.covers(at, at) {
 				return true

@@ -51,9 +51,10 @@ func TestTheCheckerJudgesEachRule(t *testing.T) {
 	}{
 		{"a stale tap removed after its age", removedAt(2000, 2020), nil},
 		{"removed before its age", removedAt(500, 520), []string{RuleAge}},
-		{"removed while held", removedAt(2000, 2020, Event{At: at(100), Kind: HoldOpened, Tap: tapA}), []string{RuleHeld}},
+		{"removed while held", removedAt(2000, 2020, Event{At: at(100), Kind: HoldOpened, Tap: tapA, Ifindex: 7}), []string{RuleHeld}},
+		{"another incarnation held", removedAt(2000, 2020, Event{At: at(100), Kind: HoldOpened, Tap: tapA, Ifindex: 6}), nil},
 		{"removed after its holder left", removedAt(2000, 2020,
-			Event{At: at(100), Kind: HoldOpened, Tap: tapA}, Event{At: at(500), Kind: HoldClosed, Tap: tapA}), nil},
+			Event{At: at(100), Kind: HoldOpened, Tap: tapA, Ifindex: 7}, Event{At: at(500), Kind: HoldClosed, Tap: tapA, Ifindex: 7}), nil},
 		{"removed too soon after an identity a pass saw", removedAt(2000, 2020,
 			Event{At: at(1200), Kind: AttachmentCreated, Tap: tapA}, Event{At: at(1300), Kind: PassStart}, Event{At: at(1350), Kind: PassEnd},
 			Event{At: at(1500), Kind: AttachmentDeleted, Tap: tapA}), []string{RuleAge}},

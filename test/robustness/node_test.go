@@ -120,8 +120,10 @@ type run struct {
 	pods    map[int]string // attachments whose pod the runtime has: its container ID
 	cliTaps map[int]bool   // taps made by `tap add`
 	holders map[int]*nettest.Holder
-	engaged bool // as the observer last read it
-	serial  int
+	// heldIndex is the ifindex each holder opened: the tap it holds.
+	heldIndex map[int]uint32
+	engaged   bool // as the observer last read it
+	serial    int
 
 	heal     func()
 	healAt   time.Time
@@ -140,7 +142,7 @@ func newRun(t *testing.T, s *scene, seed uint64, w weights) *run {
 		t.Fatal(err)
 	}
 	return &run{scene: s, h: h, seed: seed, w: w, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
-		created: map[int]bool{}, pods: map[int]string{}, cliTaps: map[int]bool{}, holders: map[int]*nettest.Holder{},
+		created: map[int]bool{}, pods: map[int]string{}, cliTaps: map[int]bool{}, holders: map[int]*nettest.Holder{}, heldIndex: map[int]uint32{},
 		counts: map[string]int{}, stop: make(chan struct{})}
 }
 
@@ -328,7 +330,8 @@ func (r *run) step(faults bool) {
 			// A VMM opening a tap that is not there makes one of its
 			// own, which goes with its last file: hold only what is
 			// there (unhold still counts as a removal, for the race).
-			if taps, err := r.tenantTaps(); err != nil || taps[name] == 0 {
+			taps, err := r.tenantTaps()
+			if err != nil || taps[name] == 0 {
 				return
 			}
 			h, err := r.hold(name)
@@ -336,8 +339,11 @@ func (r *run) step(faults bool) {
 				r.op("hold %s: %v", name, err)
 				return
 			}
+			// The VMM holds this incarnation: a tap made again under the
+			// name is another, which it does not hold.
 			r.holders[a] = h
-			r.h.Add(Event{Kind: HoldOpened, Tap: name})
+			r.heldIndex[a] = taps[name]
+			r.h.Add(Event{Kind: HoldOpened, Tap: name, Ifindex: taps[name]})
 		}
 	case "unhold":
 		if a, ok := r.pick(func(a int) bool { return r.holders[a] != nil }); ok {
@@ -422,9 +428,10 @@ func (r *run) deleteOne(a int) {
 // goes with it.
 func (r *run) unhold(a int) {
 	name := r.tapName(a)
-	r.h.Add(Event{Kind: HoldClosed, Tap: name})
+	r.h.Add(Event{Kind: HoldClosed, Tap: name, Ifindex: r.heldIndex[a]})
 	_ = r.removing(name, func() error { r.holders[a].Release(); return nil })
 	delete(r.holders, a)
+	delete(r.heldIndex, a)
 }
 
 // release is the operator's `galactic-node pass --allow-mass-removal`.
