@@ -1,13 +1,11 @@
 package robustness
 
 import (
-	"bufio"
-	"encoding/json"
 	"fmt"
 	"io"
-	"os"
-	"sync"
 	"time"
+
+	"github.com/datum-cloud/galactic-node/test/framework/jsonlines"
 )
 
 // Kind names what an Event records.
@@ -79,64 +77,18 @@ func (b Brake) Same(o Brake) bool {
 
 func ref(name string, ifindex uint32) string { return fmt.Sprintf("%s/%d", name, ifindex) }
 
-// History records events, in the order they are added, to memory and to a
-// file of JSON lines that a failed run leaves behind.
-type History struct {
-	mu     sync.Mutex
-	events []Event
-	file   *os.File
-	w      *bufio.Writer
-}
+// History is the run's record, kept as JSON lines (a failed run leaves the
+// file behind).
+type History = jsonlines.Log[Event]
 
 // NewHistory writes the history to path.
 func NewHistory(path string) (*History, error) {
-	f, err := os.Create(path)
-	if err != nil {
-		return nil, fmt.Errorf("create history: %w", err)
-	}
-	return &History{file: f, w: bufio.NewWriter(f)}, nil
-}
-
-// Add stamps e with the time, unless it has one, and records it.
-func (h *History) Add(e Event) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if e.At.IsZero() {
-		e.At = time.Now()
-	}
-	h.events = append(h.events, e)
-	b, _ := json.Marshal(e)
-	_, _ = h.w.Write(append(b, '\n'))
-}
-
-// Events returns a copy of what was recorded.
-func (h *History) Events() []Event {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return append([]Event(nil), h.events...)
-}
-
-// Close flushes the file.
-func (h *History) Close() error {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if err := h.w.Flush(); err != nil {
-		return fmt.Errorf("write history: %w", err)
-	}
-	return h.file.Close()
+	return jsonlines.Create(path, func(e *Event, now time.Time) {
+		if e.At.IsZero() {
+			e.At = now
+		}
+	})
 }
 
 // ReadHistory reads a history file back, to check it again.
-func ReadHistory(r io.Reader) ([]Event, error) {
-	var events []Event
-	dec := json.NewDecoder(r)
-	for {
-		var e Event
-		if err := dec.Decode(&e); err == io.EOF {
-			return events, nil
-		} else if err != nil {
-			return events, fmt.Errorf("read history: event %d: %w", len(events)+1, err)
-		}
-		events = append(events, e)
-	}
-}
+func ReadHistory(r io.Reader) ([]Event, error) { return jsonlines.Read[Event](r) }

@@ -16,14 +16,10 @@
 package hub
 
 import (
-	"bufio"
-	"encoding/json"
-	"errors"
-	"fmt"
-	"os"
 	"strconv"
-	"sync"
 	"time"
+
+	"github.com/datum-cloud/galactic-node/test/framework/jsonlines"
 )
 
 // Kinds of event.
@@ -109,96 +105,21 @@ type SnapClaim struct {
 	Deleting bool   `json:"deleting,omitempty"`
 }
 
-// History records events in memory and, one JSON line each, to a file.
-// Safe for concurrent use.
-type History struct {
-	mu     sync.Mutex
-	f      *os.File
-	w      *bufio.Writer
-	events []Event
-	err    error
-}
+// History is the run's record, kept as JSON lines (a failed run leaves the
+// file behind).
+type History = jsonlines.Log[Event]
 
 // NewHistory writes a history to path.
 func NewHistory(path string) (*History, error) {
-	f, err := os.Create(path)
-	if err != nil {
-		return nil, fmt.Errorf("create history: %w", err)
-	}
-	return &History{f: f, w: bufio.NewWriter(f)}, nil
-}
-
-// Add stamps e with the time, unless it has one, and records it.
-func (h *History) Add(e Event) {
-	if e.T.IsZero() {
-		e.T = time.Now()
-	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.events = append(h.events, e)
-	if h.err != nil {
-		return
-	}
-	line, err := json.Marshal(e)
-	if err == nil {
-		line = append(line, '\n')
-		_, err = h.w.Write(line)
-	}
-	if err != nil {
-		h.err = fmt.Errorf("write history: %w", err)
-	}
-}
-
-// Events returns a copy of what was recorded so far.
-func (h *History) Events() []Event {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return append([]Event(nil), h.events...)
-}
-
-// Flush writes what is buffered to the file.
-func (h *History) Flush() error {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.err != nil {
-		return h.err
-	}
-	if err := h.w.Flush(); err != nil {
-		return fmt.Errorf("flush history: %w", err)
-	}
-	return nil
-}
-
-// Close flushes and closes the file.
-func (h *History) Close() error {
-	err := h.Flush()
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return errors.Join(err, h.f.Close())
+	return jsonlines.Create(path, func(e *Event, now time.Time) {
+		if e.T.IsZero() {
+			e.T = now
+		}
+	})
 }
 
 // ReadHistory reads a history file back, to check it again.
-func ReadHistory(path string) ([]Event, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, fmt.Errorf("open history: %w", err)
-	}
-	defer f.Close()
-	var events []Event
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 0, 64<<10), 16<<20)
-	for n := 1; sc.Scan(); n++ {
-		var e Event
-		if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
-			return nil, fmt.Errorf("history line %d: %w", n, err)
-		}
-		events = append(events, e)
-	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("read history: %w", err)
-	}
-	return events, nil
-}
+func ReadHistory(path string) ([]Event, error) { return jsonlines.ReadFile[Event](path) }
 
 // ParseRV reads a resourceVersion as etcd's revision. Kubernetes calls
 // resourceVersions opaque; the harness compares them only within one API
