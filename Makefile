@@ -14,7 +14,7 @@ PKGS            := ./...
 TESTPKGS        = $(shell $(GO) list ./... | grep -v -e /e2e$$ -e /integration/freshclone$$)
 VERSION         ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: robustness demo all build images pin-images test test-unit test-fresh-clone test-privileged testbin e2e e2e-run e2ebin fuzz bench bench-fleet lint fmt-check vet generate
+.PHONY: release robustness demo all build images pin-images test test-unit test-fresh-clone test-privileged testbin e2e e2e-run e2ebin fuzz bench bench-fleet lint fmt-check vet generate
 
 all: build
 
@@ -36,7 +36,7 @@ build:
 IMAGE_DIR         ?= bin
 IMAGE_REPO        ?= ghcr.io/datum-cloud
 IMAGE_SOURCE      ?= https://github.com/datum-cloud/galactic-node
-IMAGE_SOURCES     := go.mod go.sum Makefile cmd node ebpf admin hubctl internal hack/imagebuild deploy/node/seccomp \
+IMAGE_SOURCES     := go.mod go.sum Makefile LICENSE cmd node ebpf admin hubctl internal hack/imagebuild hack/sbom deploy/node/seccomp \
 	':(exclude,glob)**/*_test.go' ':(exclude,glob)**/testdata/**'
 IMAGE_COMMIT      ?= $(shell git log -1 --format=%H -- $(IMAGE_SOURCES) 2>/dev/null || echo unknown)
 IMAGE_DIRTY       := $(shell git diff --quiet HEAD -- $(IMAGE_SOURCES) 2>/dev/null || echo -dirty)
@@ -53,20 +53,32 @@ TAP_LDFLAGS       := -s -w
 IMAGE_BUILD       = $(GO) run ./hack/imagebuild -epoch $(SOURCE_DATE_EPOCH) \
 	-label org.opencontainers.image.source=$(IMAGE_SOURCE) \
 	-label org.opencontainers.image.revision=$(REVISION) \
-	-label org.opencontainers.image.version=$(IMAGE_VERSION)
+	-label org.opencontainers.image.version=$(IMAGE_VERSION) \
+	-label org.opencontainers.image.licenses=Apache-2.0 \
+	-add LICENSE=/usr/share/doc/galactic/LICENSE
+# Each image's SBOM (hack/sbom): the modules its binaries were built with,
+# read from the binaries themselves; the image carries it, and `make
+# release` publishes it beside the archives.
+SBOM              = $(GO) run ./hack/sbom -epoch $(SOURCE_DATE_EPOCH) -version $(IMAGE_VERSION)
 
 images:
 	@mkdir -p $(IMAGE_DIR)/static
 	$(STATIC_BUILD) -ldflags "-X main.version=$(IMAGE_VERSION)" -o $(IMAGE_DIR)/static/galactic-node ./cmd/galactic-node
 	$(STATIC_BUILD) -ldflags "-X main.version=$(IMAGE_VERSION)" -o $(IMAGE_DIR)/static/galactic-hubctl ./cmd/galactic-hubctl
 	$(STATIC_BUILD) -ldflags "$(TAP_LDFLAGS) -X main.buildVersion=$(IMAGE_VERSION)" -o $(IMAGE_DIR)/static/galactic-tap ./cmd/galactic-tap
+	$(SBOM) -image $(IMAGE_REPO)/galactic-node -out $(IMAGE_DIR)/galactic-node.cdx.json \
+		$(IMAGE_DIR)/static/galactic-node=/usr/local/bin/galactic-node $(IMAGE_DIR)/static/galactic-tap=/usr/local/bin/galactic-tap
+	$(SBOM) -image $(IMAGE_REPO)/galactic-hubctl -out $(IMAGE_DIR)/galactic-hubctl.cdx.json \
+		$(IMAGE_DIR)/static/galactic-hubctl=/usr/local/bin/galactic-hubctl
 	$(IMAGE_BUILD) -ref $(IMAGE_REPO)/galactic-node:$(IMAGE_VERSION) \
+		-add $(IMAGE_DIR)/galactic-node.cdx.json=/usr/share/sbom/galactic-node.cdx.json \
 		-add $(IMAGE_DIR)/static/galactic-node=/usr/local/bin/galactic-node \
 		-add $(IMAGE_DIR)/static/galactic-tap=/usr/local/bin/galactic-tap \
 		-add deploy/node/seccomp/galactic-node.json=/etc/galactic/seccomp/galactic-node.json \
 		-entrypoint /usr/local/bin/galactic-node \
 		-out $(IMAGE_DIR)/galactic-node.oci.tar -digest-file $(IMAGE_DIR)/galactic-node.digest
 	$(IMAGE_BUILD) -ref $(IMAGE_REPO)/galactic-hubctl:$(IMAGE_VERSION) \
+		-add $(IMAGE_DIR)/galactic-hubctl.cdx.json=/usr/share/sbom/galactic-hubctl.cdx.json \
 		-add $(IMAGE_DIR)/static/galactic-hubctl=/usr/local/bin/galactic-hubctl \
 		-entrypoint /usr/local/bin/galactic-hubctl -user 65532:65532 \
 		-out $(IMAGE_DIR)/galactic-hubctl.oci.tar -digest-file $(IMAGE_DIR)/galactic-hubctl.digest
@@ -79,6 +91,17 @@ pin-images:
 		sed -i "/name: $(subst /,\/,$(IMAGE_REPO))\/$$img\$$/{n;s/digest: .*/digest: $$d/}" deploy/base/kustomization.yaml; \
 		echo "pinned $(IMAGE_REPO)/$$img@$$d"; \
 	done
+
+# A versioned release under $(DIST) (hack/release.sh, docs/release.md): from
+# a clean tree at the tag VERSION, the two images as OCI archives, their
+# SBOMs, galactic.yaml pinned to their digests under IMAGE_REPO, and
+# SHA256SUMS. `make release VERSION=v1.2.3 IMAGE_REPO=registry.example.com/galactic`
+# renders the manifests for the registry you will push to.
+DIST ?= dist
+release:
+	@if [ "$(origin VERSION)" != "command line" ] && [ "$(origin VERSION)" != "environment" ]; then \
+		echo "make release: say which: make release VERSION=vX.Y.Z (the tag at HEAD)"; exit 1; fi
+	VERSION=$(VERSION) IMAGE_REPO=$(IMAGE_REPO) DIST=$(DIST) MAKE="$(MAKE)" GO="$(GO)" hack/release.sh
 
 # The README's first command: the whole job in a private network namespace.
 demo: build
