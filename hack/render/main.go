@@ -71,7 +71,7 @@ func run(args []string) error {
 	}
 	var buf bytes.Buffer
 	fmt.Fprintf(&buf, "# galactic %s: rendered from %s by `make release`, images pinned by digest.\n", *version, filepath.ToSlash(filepath.Clean(fs.Arg(0))))
-	fmt.Fprintf(&buf, "# Apply with `kubectl apply --server-side -f` (docs/operations.md, \"Install\").\n")
+	fmt.Fprintf(&buf, "# Apply with `kubectl apply -f` (docs/operations.md, \"Install\").\n")
 	buf.Write(manifest)
 	return os.WriteFile(*out, buf.Bytes(), 0o644)
 }
