@@ -14,19 +14,65 @@ import (
 
 var shBlock = regexp.MustCompile("(?s)```sh\n(.*?)\n\\s*```")
 
-// InstallSteps returns the sh blocks of the Install section of
-// docs/operations.md under repoRoot, in order.
-func InstallSteps(repoRoot string) ([]string, error) {
+// Section returns the text of docs/operations.md's section under the
+// second-level heading given, up to the next one.
+func Section(repoRoot, heading string) (string, error) {
 	doc, err := os.ReadFile(filepath.Join(repoRoot, "docs", "operations.md"))
 	if err != nil {
-		return nil, fmt.Errorf("read the install steps: %w", err)
+		return "", fmt.Errorf("read docs/operations.md: %w", err)
 	}
-	_, section, ok := strings.Cut("\n"+string(doc), "\n## Install\n")
+	_, section, ok := strings.Cut("\n"+string(doc), "\n## "+heading+"\n")
 	if !ok {
-		return nil, errors.New("docs/operations.md has no Install section")
+		return "", fmt.Errorf("docs/operations.md has no section %q", heading)
 	}
 	if i := strings.Index(section, "\n## "); i >= 0 {
 		section = section[:i]
+	}
+	return section, nil
+}
+
+// Table returns the rows of the first table in the section, header and
+// separator left out, each row's cells trimmed.
+func Table(repoRoot, heading string) ([][]string, error) {
+	section, err := Section(repoRoot, heading)
+	if err != nil {
+		return nil, err
+	}
+	var rows [][]string
+	inTable := false
+	for line := range strings.Lines(section) {
+		line = strings.TrimSpace(line)
+		if !strings.HasPrefix(line, "|") {
+			if inTable {
+				break
+			}
+			continue
+		}
+		if !inTable {
+			inTable = true // the header
+			continue
+		}
+		cells := strings.Split(strings.Trim(line, "|"), "|")
+		if strings.Trim(cells[0], " -:") == "" {
+			continue // the separator
+		}
+		for i := range cells {
+			cells[i] = strings.TrimSpace(cells[i])
+		}
+		rows = append(rows, cells)
+	}
+	if len(rows) == 0 {
+		return nil, fmt.Errorf("the section %q of docs/operations.md has no table", heading)
+	}
+	return rows, nil
+}
+
+// InstallSteps returns the sh blocks of the Install section of
+// docs/operations.md under repoRoot, in order.
+func InstallSteps(repoRoot string) ([]string, error) {
+	section, err := Section(repoRoot, "Install")
+	if err != nil {
+		return nil, fmt.Errorf("read the install steps: %w", err)
 	}
 	var steps []string
 	for _, m := range shBlock.FindAllStringSubmatch(section, -1) {
