@@ -44,6 +44,8 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 		err = runTap(ctx, args[1:], environ, stdout, stderr)
 	case "install-cni":
 		err = runInstallCNI(ctx, args[1:], environ, stdout, stderr)
+	case "uninstall":
+		err = runUninstall(ctx, args[1:], environ, stdout, stderr)
 	case "version", "--version", "-version":
 		if len(args) > 1 {
 			err = cli.Misuse(prog, fmt.Errorf("%s takes no arguments", args[0]))
@@ -71,7 +73,7 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 // sibling command is not a mistake.
 func knownEnv() map[string]bool {
 	var c installCNIFlags
-	sets := []*flag.FlagSet{daemonFlagSet(&daemonFlags{}), installCNIFlagSet(&c), tapFlagSet("add", &tapFlags{})}
+	sets := []*flag.FlagSet{daemonFlagSet(&daemonFlags{}), installCNIFlagSet(&c), tapFlagSet("add", &tapFlags{}), uninstallFlagSet(&uninstallFlags{})}
 	for cmd := range clientCommands {
 		sets = append(sets, clientFlagSet(cmd, &clientOpts{}))
 	}
@@ -84,6 +86,7 @@ commands:
   run          run the node daemon
   install-cni  install the CNI plugin (and the network's conflist where asked) on the host, atomically
   tap          add or delete a tenant tap as CNI ADD/DEL would, for labs and the demo
+  uninstall    clean the node once galactic is deleted from the cluster: unused taps, plugin, CLI, pins, records (--dry-run)
   status       the daemon's readiness, passes, brake, inventory and map fill
   taps [NAME]  the tenant taps and their state (--state, --vpc), or one tap
   pending      the candidates waiting for a confirming pass
