@@ -26,6 +26,10 @@ type runtimeKind struct {
 	name          string
 	dir           string
 	configVersion int
+	// fromRelease installs galactic as docs/operations.md's "Install from
+	// a release" says, from a release `make release` makes of HEAD,
+	// rather than from deploy/.
+	fromRelease bool
 }
 
 // startTestNode starts a node on rt for t, stopped when t ends. Without
@@ -88,7 +92,11 @@ func (n *node) loadImages() error {
 		return err
 	}
 	for _, name := range []string{"galactic-node", "galactic-hubctl"} {
-		if err := n.importImage(filepath.Join(repoRoot(), "bin", name+".oci.tar"), "ghcr.io/datum-cloud/"+name, filepath.Join(repoRoot(), "bin", name+".digest")); err != nil {
+		b, err := os.ReadFile(filepath.Join(repoRoot(), "bin", name+".digest"))
+		if err != nil {
+			return fmt.Errorf("the digest of %s: %w", name, err)
+		}
+		if err := n.importImage(filepath.Join(repoRoot(), "bin", name+".oci.tar"), "ghcr.io/datum-cloud/"+name, strings.TrimSpace(string(b))); err != nil {
 			return err
 		}
 	}
@@ -97,7 +105,7 @@ func (n *node) loadImages() error {
 
 // importImage imports an OCI archive and names its image repo@digest too,
 // the name a digest-pinned pod asks the runtime for.
-func (n *node) importImage(archive, repo, digestFile string) error {
+func (n *node) importImage(archive, repo, digest string) error {
 	args := []string{"images", "import"}
 	if n.runtime.configVersion >= 3 {
 		args = append(args, "--local") // 2.x: without the transfer service
@@ -106,14 +114,9 @@ func (n *node) importImage(archive, repo, digestFile string) error {
 	if err != nil {
 		return err
 	}
-	if digestFile == "" {
+	if digest == "" {
 		return nil
 	}
-	b, err := os.ReadFile(digestFile)
-	if err != nil {
-		return fmt.Errorf("import %s: %w", archive, err)
-	}
-	digest := strings.TrimSpace(string(b))
 	// REF TYPE DIGEST ...: the tag whose manifest is this archive's, not
 	// another build's of the same repository.
 	list, err := n.ctr("images", "list")
@@ -168,9 +171,14 @@ func (n *node) kubectlErr(args ...string) (string, error) {
 // shell runs a bash script as an operator at a shell with kubectl would:
 // in the node's network namespace, in the repository's folder.
 func (n *node) shell(script string) (string, error) {
+	return n.shellIn(repoRoot(), nil, script)
+}
+
+// shellIn is shell in another folder, with more of the environment.
+func (n *node) shellIn(dir string, env []string, script string) (string, error) {
 	cmd := exec.Command("nsenter", "--net=/run/netns/"+n.netns, "bash", "-euo", "pipefail", "-c", script)
-	cmd.Dir = repoRoot()
-	cmd.Env = append(os.Environ(), "KUBECONFIG="+n.admin, "PATH="+n.testbin+":"+os.Getenv("PATH"))
+	cmd.Dir = dir
+	cmd.Env = append(append(os.Environ(), "KUBECONFIG="+n.admin, "PATH="+n.testbin+":"+os.Getenv("PATH")), env...)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Run(); err != nil {

@@ -78,6 +78,7 @@ type node struct {
 	admin   string // cluster-admin kubeconfig
 	config  *rest.Config
 	client  kubernetes.Interface
+	release string // the release folder galactic was installed from; empty: deploy/
 }
 
 func (n *node) root(p string) string { return filepath.Join(n.dir, "root", p) }

@@ -37,7 +37,7 @@ import (
 // newest containerd, and Debian 12's, whose libcni reads results up to CNI
 // 1.0.0.
 var (
-	containerd2  = runtimeKind{name: "containerd 2.4.2", configVersion: 3}
+	containerd2  = runtimeKind{name: "containerd 2.4.2", configVersion: 3, fromRelease: true}
 	containerd16 = runtimeKind{name: "containerd 1.6 (Debian 12)", dir: "containerd-1.6", configVersion: 2}
 )
 
@@ -89,12 +89,16 @@ func (n *node) scenarioTheDocsInstallRunsOnARealNode(t *testing.T) {
 	n.kubectl(t, "apply", "-f", n.multusCRD(t))
 	n.kubectl(t, "create", "namespace", tenantNS)
 
-	for i, step := range installSteps(t) {
-		out, err := n.shell(step)
-		if err != nil {
-			t.Fatalf("install step %d: %v", i+1, err)
+	if n.runtime.fromRelease {
+		n.installFromRelease(t)
+	} else {
+		for i, step := range installSteps(t) {
+			out, err := n.shell(step)
+			if err != nil {
+				t.Fatalf("install step %d: %v", i+1, err)
+			}
+			t.Logf("install step %d:\n$ %s\n%s", i+1, step, out)
 		}
-		t.Logf("install step %d:\n$ %s\n%s", i+1, step, out)
 	}
 	n.waitRollout(t, "daemonset/galactic-node")
 	n.waitRollout(t, "deployment/galactic-hubctl")
@@ -694,7 +698,14 @@ func (n *node) passReclaimed(t *testing.T, tap tapView) bool {
 // timing above, and waits for the rollout: an upgrade over live taps.
 func (n *node) enableReclaim(t *testing.T) {
 	t.Helper()
-	n.kubectl(t, "apply", "-k", "deploy/")
+	if n.release != "" {
+		// "Enabling the reclaim", for an install from a release.
+		if out, err := n.shellIn(n.release, nil, "kubectl apply -f galactic.yaml"); err != nil {
+			t.Fatalf("%v: %s", err, out)
+		}
+	} else {
+		n.kubectl(t, "apply", "-k", "deploy/")
+	}
 	ctx := context.Background()
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		ds, err := n.client.AppsV1().DaemonSets("galactic-system").Get(ctx, "galactic-node", metav1.GetOptions{})
@@ -851,6 +862,73 @@ func (n *node) scenarioARollingUpdateKeepsEveryLiveTap(t *testing.T) {
 	n.ordinaryPodRoundTrip(t, "after-update")
 }
 
+// installFromRelease follows docs/operations.md's "Install from a release"
+// as written, in the folder of a release `make release` makes of HEAD (a
+// clone, tagged): every step but the push, for which there is no registry
+// here; the release's archives are imported into the node's containerd
+// instead, under the names and digests its manifests give, which is what a
+// pull of the pushed images would leave there.
+func (n *node) installFromRelease(t *testing.T) {
+	t.Helper()
+	const version = "v0.0.0-e2e"
+	src := filepath.Join(n.dir, "release-src")
+	for _, args := range [][]string{{"clone", "-q", repoRoot(), src}, {"-C", src, "tag", version}} {
+		if out, err := exec.Command("git", args...).CombinedOutput(); err != nil {
+			t.Fatalf("git %v: %v\n%s", args, err, out)
+		}
+	}
+	cmd := exec.Command("make", "--no-print-directory", "release", "VERSION="+version)
+	cmd.Dir = src
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("make release: %v\n%s", err, out)
+	}
+	n.release = filepath.Join(src, "dist")
+	blocks, err := opsdoc.Blocks(repoRoot(), "Install from a release")
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := []string{"VERSION=" + version, "REGISTRY=ghcr.io/datum-cloud"}
+	for i, b := range blocks {
+		if b.Where == "push" {
+			for _, img := range []string{"galactic-node", "galactic-hubctl"} {
+				archive := filepath.Join(n.release, img+"_"+version+".oci.tar")
+				if err := n.importImage(archive, "ghcr.io/datum-cloud/"+img, archiveDigest(t, archive)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			continue
+		}
+		out, err := n.shellIn(n.release, env, b.Script)
+		if err != nil {
+			t.Fatalf("release install step %d: %v", i+1, err)
+		}
+		t.Logf("release install step %d:\n$ %s\n%s", i+1, b.Script, out)
+	}
+	// The release's images, by digest, are what runs.
+	for what, img := range map[string]string{"daemonset/galactic-node": "galactic-node", "deployment/galactic-hubctl": "galactic-hubctl"} {
+		want := "ghcr.io/datum-cloud/" + img + "@" + archiveDigest(t, filepath.Join(n.release, img+"_"+version+".oci.tar"))
+		if got := n.kubectl(t, "-n", "galactic-system", "get", what, "-o", "jsonpath={.spec.template.spec.containers[0].image}"); got != want {
+			t.Fatalf("%s runs %q, not the release's %q", what, got, want)
+		}
+	}
+}
+
+// archiveDigest is the manifest digest of an OCI archive's one image.
+func archiveDigest(t *testing.T, archive string) string {
+	t.Helper()
+	out, err := exec.Command("tar", "-xOf", archive, "index.json").Output()
+	if err != nil {
+		t.Fatalf("read the index of %s: %v", archive, err)
+	}
+	var idx struct {
+		Manifests []struct{ Digest string }
+	}
+	if err := json.Unmarshal(out, &idx); err != nil || len(idx.Manifests) != 1 {
+		t.Fatalf("the index of %s: %v (%s)", archive, err, out)
+	}
+	return idx.Manifests[0].Digest
+}
+
 // secondBuild builds the node image again as `make images` does, under
 // another version, imports it and returns its digest reference.
 func (n *node) secondBuild(t *testing.T) string {
@@ -862,11 +940,11 @@ func (n *node) secondBuild(t *testing.T) string {
 		t.Fatalf("make images (second build): %v\n%s", err, out)
 	}
 	repo := "ghcr.io/datum-cloud/galactic-node"
-	if err := n.importImage(filepath.Join(dir, "galactic-node.oci.tar"), repo, filepath.Join(dir, "galactic-node.digest")); err != nil {
-		t.Fatal(err)
-	}
 	digest, err := os.ReadFile(filepath.Join(dir, "galactic-node.digest"))
 	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.importImage(filepath.Join(dir, "galactic-node.oci.tar"), repo, strings.TrimSpace(string(digest))); err != nil {
 		t.Fatal(err)
 	}
 	return repo + "@" + strings.TrimSpace(string(digest))
@@ -964,7 +1042,60 @@ func addressService(ctx context.Context, d dynamic.Interface) {
 // Uninstalling galactic leaves the node's own network working: ordinary
 // pods start and stop with their own plugin.
 func (n *node) scenarioUninstallLeavesOrdinaryPodsWorking(t *testing.T) {
+	before := n.ordinaryPod(t, "before-uninstall")
 	n.deletePod(t, tenantNS, "vm-live")
-	n.kubectl(t, "delete", "-k", "deploy/", "--wait=true")
+	// The manifest that was applied: the release's, or deploy/ rendered,
+	// which is what `kubectl delete -k deploy/` deletes.
+	dir := n.release
+	if dir == "" {
+		dir = filepath.Join(n.dir, "installed")
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "galactic.yaml"), []byte(n.kubectl(t, "kustomize", "deploy/")), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	blocks, err := opsdoc.Blocks(repoRoot(), "Uninstall")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, b := range blocks {
+		var out string
+		switch b.Where {
+		case "":
+			out, err = n.shellIn(dir, nil, b.Script)
+		case "node":
+			var o []byte
+			o, err = n.inNode("bash", "-euo", "pipefail", "-c", b.Script).CombinedOutput()
+			out = string(o)
+		default:
+			t.Fatalf("uninstall step %d runs where %q: this test knows the operator's shell and the node", i+1, b.Where)
+		}
+		if err != nil {
+			t.Fatalf("uninstall step %d:\n$ %s\n%v\n%s", i+1, b.Script, err, out)
+		}
+		t.Logf("uninstall step %d:\n$ %s\n%s", i+1, b.Script, out)
+	}
+
+	// What the section says goes is gone from the node, and only that.
+	for _, p := range []string{"/opt/cni/bin/galactic-tap", "/opt/galactic/bin", "/sys/fs/bpf/galactic",
+		"/var/lib/cni/galactic-tap", "/var/lib/kubelet/seccomp/galactic", "/run/galactic/vrf", "/run/galactic/datapath-layout", "/var/lib/galactic/node"} {
+		if out, err := n.inNode("test", "!", "-e", p).CombinedOutput(); err != nil {
+			t.Errorf("%s is still on the node after the uninstall (%v %s)", p, err, out)
+		}
+	}
+	for _, p := range []string{"/opt/cni/bin/bridge", "/opt/cni/bin/host-local", "/opt/cni/bin/loopback", "/opt/cni/bin/multus"} {
+		if !exists(n.root(p)) {
+			t.Errorf("%s, not galactic's, went", p)
+		}
+	}
+	if out, err := n.inNode("ip", "-o", "link", "show", "type", "tun").CombinedOutput(); err != nil || strings.TrimSpace(string(out)) != "" {
+		t.Errorf("taps are left on the node: %v %s", err, out)
+	}
+	if got := n.answer(t, before); got != "before-uninstall" {
+		t.Fatalf("the pod that ran through the uninstall answers %q", got)
+	}
 	n.ordinaryPodRoundTrip(t, "after-uninstall")
+	n.deleteOrdinaryPod(t, before)
 }

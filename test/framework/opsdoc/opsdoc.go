@@ -12,7 +12,35 @@ import (
 	"strings"
 )
 
-var shBlock = regexp.MustCompile("(?s)```sh\n(.*?)\n\\s*```")
+var (
+	shBlock     = regexp.MustCompile("(?s)```sh\n(.*?)\n\\s*```")
+	taggedBlock = regexp.MustCompile("(?s)```sh( [a-z-]+)?\n(.*?)\n\\s*```")
+)
+
+// Block is an sh block and where it runs: its fence's word after sh
+// ("```sh node": on each node, as root), empty for an operator's shell
+// with kubectl.
+type Block struct {
+	Where  string
+	Script string
+}
+
+// Blocks returns the sh blocks of docs/operations.md's section under the
+// heading given, in order.
+func Blocks(repoRoot, heading string) ([]Block, error) {
+	section, err := Section(repoRoot, heading)
+	if err != nil {
+		return nil, err
+	}
+	var blocks []Block
+	for _, m := range taggedBlock.FindAllStringSubmatch(section, -1) {
+		blocks = append(blocks, Block{Where: strings.TrimSpace(m[1]), Script: m[2]})
+	}
+	if len(blocks) == 0 {
+		return nil, fmt.Errorf("the section %q of docs/operations.md has no sh block", heading)
+	}
+	return blocks, nil
+}
 
 // Section returns the text of docs/operations.md's section under the
 // second-level heading given, up to the next one.
