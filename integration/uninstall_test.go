@@ -211,7 +211,7 @@ func TestUninstallTakesWhatNothingUsesAndKeepsTheRest(t *testing.T) {
 			t.Errorf("%s is still there once unused", name)
 		}
 	}
-	for _, p := range []string{"opt/cni/bin/galactic-tap", "opt/galactic", "var/lib/kubelet/seccomp/galactic", "var/lib/cni/galactic-tap", "var/lib/galactic", "run/galactic"} {
+	for _, p := range []string{"opt/cni/bin/galactic-tap", "opt/cni/bin/.galactic-tap.tmp-789", "opt/galactic", "var/lib/kubelet/seccomp/galactic", "var/lib/cni/galactic-tap", "var/lib/galactic", "run/galactic"} {
 		if s.exists(p) {
 			t.Errorf("/%s is still there", p)
 		}

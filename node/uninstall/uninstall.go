@@ -144,6 +144,11 @@ func Run(ctx context.Context, c Config) (Report, error) {
 		} else {
 			return rep, fmt.Errorf("remove the plugin %s: %w", plugin, err)
 		}
+		removed, err := removeLeftovers(plugin)
+		rep.Removed = append(rep.Removed, removed...)
+		if err != nil {
+			return rep, err
+		}
 	} else if plugin != "" {
 		note(&rep, plugin)
 	}
@@ -177,6 +182,13 @@ func Run(ctx context.Context, c Config) (Report, error) {
 		} else {
 			rep.Removed = append(rep.Removed, p.path)
 			log.Info("removed", "path", p.path)
+		}
+		if !p.all {
+			removed, err := removeLeftovers(p.path)
+			rep.Removed = append(rep.Removed, removed...)
+			if err != nil {
+				errs = append(errs, err)
+			}
 		}
 	}
 	// The folders install-cni and the daemon made (/opt/galactic/bin,
@@ -287,6 +299,37 @@ func remove(path string, all bool) error {
 		return fmt.Errorf("remove %s: %w", path, err)
 	}
 	return nil
+}
+
+// removeLeftovers removes what a writer of path killed mid-write left
+// beside it: each writes a temp file in the same folder and renames it into
+// place, named .<name>.tmp-* (install-cni, the brake's memory) or
+// .<name>-* (the layout record).
+func removeLeftovers(path string) ([]string, error) {
+	var removed []string
+	var errs []error
+	dir, base := filepath.Dir(path), filepath.Base(path)
+	for _, pattern := range []string{"." + base + ".tmp-*", "." + base + "-*"} {
+		matches, _ := filepath.Glob(filepath.Join(dir, globEscape(pattern)))
+		for _, m := range matches {
+			if err := os.Remove(m); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				errs = append(errs, fmt.Errorf("remove %s: %w", m, err))
+				continue
+			}
+			removed = append(removed, m)
+		}
+	}
+	return removed, errors.Join(errs...)
+}
+
+// globEscape escapes the glob metacharacters of a name's literal part.
+func globEscape(pattern string) string {
+	lit, star := strings.CutSuffix(pattern, "*")
+	r := strings.NewReplacer(`\`, `\\`, "[", `\[`, "?", `\?`, "*", `\*`).Replace(lit)
+	if star {
+		r += "*"
+	}
+	return r
 }
 
 // note records what a dry run would remove.
