@@ -1085,6 +1085,17 @@ func (n *node) scenarioUninstallLeavesOrdinaryPodsWorking(t *testing.T) {
 			t.Errorf("%s is still on the node after the uninstall (%v %s)", p, err, out)
 		}
 	}
+	// The folders galactic made are mount points here, which stay; what
+	// was in them goes.
+	for _, p := range []string{"/opt/galactic", "/run/galactic", "/var/lib/galactic"} {
+		if entries, err := os.ReadDir(n.root(p)); err != nil || len(entries) > 0 {
+			var names []string
+			for _, e := range entries {
+				names = append(names, e.Name())
+			}
+			t.Errorf("%s still holds %v after the uninstall (%v)", p, names, err)
+		}
+	}
 	for _, p := range []string{"/opt/cni/bin/bridge", "/opt/cni/bin/host-local", "/opt/cni/bin/loopback", "/opt/cni/bin/multus"} {
 		if !exists(n.root(p)) {
 			t.Errorf("%s, not galactic's, went", p)

@@ -28,25 +28,42 @@ go=${GO:-go}
 	die "VERSION=${version:-<unset>}: want a semantic version tag, such as v1.2.3 or v1.2.3-rc.1"
 [[ -z $(git status --porcelain) ]] ||
 	die "the tree has changes (git status): a release is built from a clean checkout of its tag"
-git tag --points-at HEAD | grep -qxF -- "$version" ||
+git tag --points-at HEAD | grep -xF -- "$version" >/dev/null ||
 	die "HEAD is not tagged $version: tag it first (git tag -a $version), or check the tag out"
+# The images' times are those of the last commit that changed their
+# sources, which a shallow clone cannot find.
+[[ $(git rev-parse --is-shallow-repository) == false ]] ||
+	die "a shallow clone: the images' commit and times need the history (git fetch --unshallow)"
 
-rm -rf "$dist"
-mkdir -p "$dist/build"
+# Nothing of the caller's environment may change what is built: only the
+# tag, the registry named and the Go toolchain do.
+unset MAKEFLAGS MFLAGS MAKELEVEL GOFLAGS GOOS GOARCH GOAMD64 GOEXPERIMENT CGO_ENABLED SOURCE_DATE_EPOCH \
+	IMAGE_COMMIT IMAGE_SOURCE IMAGE_VERSION IMAGE_DIR REVISION
+export GOWORK=off
+
+# Built aside and moved into place at the end: a failed release leaves the
+# one before it as it was.
+work="$dist.tmp"
+rm -rf "$work"
+mkdir -p "$work/build"
+trap 'rm -rf "$work"' EXIT
 # The revision label names the tagged commit, which is what an operator
 # checks out; SOURCE_DATE_EPOCH stays that of the images' sources.
-"$make" --no-print-directory images IMAGE_DIR="$dist/build" IMAGE_VERSION="$version" \
+"$make" --no-print-directory images IMAGE_DIR="$work/build" IMAGE_VERSION="$version" \
 	IMAGE_REPO="$repo" REVISION="$(git rev-parse HEAD)"
 
 pins=()
 for img in galactic-node galactic-hubctl; do
-	mv "$dist/build/$img.oci.tar" "$dist/${img}_$version.oci.tar"
-	mv "$dist/build/$img.cdx.json" "$dist/${img}_$version.cdx.json"
-	pins+=(-digest "$img=$(cat "$dist/build/$img.digest")")
+	mv "$work/build/$img.oci.tar" "$work/${img}_$version.oci.tar"
+	mv "$work/build/$img.cdx.json" "$work/${img}_$version.cdx.json"
+	pins+=(-digest "$img=$(cat "$work/build/$img.digest")")
 done
-"$go" run ./hack/render -version "$version" -repo "$repo" "${pins[@]}" -out "$dist/galactic.yaml" deploy
-"$go" run ./hack/render -version "$version" -repo "$repo" "${pins[@]}" -out "$dist/galactic-dry-run.yaml" deploy/overlays/dry-run-rollout
-rm -rf "$dist/build"
-(cd "$dist" && LC_ALL=C sha256sum -- *.oci.tar *.cdx.json *.yaml | LC_ALL=C sort -k2 >SHA256SUMS)
+"$go" run ./hack/render -version "$version" -repo "$repo" "${pins[@]}" -out "$work/galactic.yaml" deploy
+"$go" run ./hack/render -version "$version" -repo "$repo" "${pins[@]}" -out "$work/galactic-dry-run.yaml" deploy/overlays/dry-run-rollout
+rm -rf "$work/build"
+(cd "$work" && LC_ALL=C sha256sum -- *.oci.tar *.cdx.json *.yaml | LC_ALL=C sort -k2 >SHA256SUMS)
+rm -rf "$dist"
+mv "$work" "$dist"
+trap - EXIT
 echo "make release: $version in $dist/:"
 cat "$dist/SHA256SUMS"

@@ -429,8 +429,9 @@ func TestThePinnedDigestsAreWhatThisTreeBuilds(t *testing.T) {
 	if testing.Short() {
 		t.Skip("reads the digests `make images` writes, which make test builds first and make test-unit does not")
 	}
-	sources := []string{"go.mod", "go.sum", "Makefile", "cmd", "node", "ebpf", "admin", "hubctl", "internal", "hack/imagebuild",
-		"deploy/node/seccomp", ":(exclude,glob)**/*_test.go", ":(exclude,glob)**/testdata/**"}
+	// The Makefile's IMAGE_SOURCES.
+	sources := []string{"go.mod", "go.sum", "Makefile", "LICENSE", "cmd", "node", "ebpf", "admin", "hubctl", "internal", "hack/imagebuild",
+		"hack/sbom", "deploy/node/seccomp", ":(exclude,glob)**/*_test.go", ":(exclude,glob)**/testdata/**"}
 	// A shallow clone has no history to find the images' commit in: it
 	// builds images named by the wrong one.
 	if out, _ := exec.Command("git", "-C", "..", "rev-parse", "--is-shallow-repository").Output(); strings.TrimSpace(string(out)) == "true" {

@@ -53,7 +53,7 @@ func newUninstallScene(t *testing.T) *uninstallScene {
 func (s *uninstallScene) uninstall(extra ...string) (int, string) {
 	s.n.t.Helper()
 	args := []string{"netns", "exec", s.n.ns.Name, binary, "uninstall",
-		"--admin-socket", s.n.socket, "--bpffs", s.n.bpffs, "--vrf-lock-dir", filepath.Join(s.n.dir, "locks"),
+		"--admin-socket", s.n.socket, "--bpffs", s.n.bpffs, "--vrf-lock-dir", s.at("run/galactic/vrf"),
 		"--cni-bin-dir", s.at("opt/cni/bin"), "--cli-dir", s.at("opt/galactic/bin"),
 		"--seccomp-dir", s.at("var/lib/kubelet/seccomp/galactic"), "--layout-record", s.at("run/galactic/datapath-layout"),
 		"--cni-data-dir", s.at("var/lib/cni/galactic-tap"), "--brake-memory", s.at("var/lib/galactic/node/brake.json")}
@@ -84,8 +84,10 @@ func sandbox(t *testing.T, id string) (stop func()) {
 	if _, err := os.Stat(base); err != nil {
 		base = "/sys/fs/cgroup" // the unified hierarchy
 	}
-	dir := filepath.Join(base, "galactictest-"+id)
-	if err := os.Mkdir(dir, 0o755); err != nil {
+	// .../<id>, as cgroupfs-driven kubelets name a sandbox's cgroup.
+	parent := filepath.Join(base, "galactictest-"+id[:12])
+	dir := filepath.Join(parent, id)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatalf("a cgroup for the sandbox: %v", err)
 	}
 	cmd := exec.Command("sleep", "3600")
@@ -106,6 +108,7 @@ func sandbox(t *testing.T, id string) (stop func()) {
 		for i := 0; i < 50 && os.Remove(dir) != nil; i++ {
 			time.Sleep(20 * time.Millisecond)
 		}
+		_ = os.Remove(parent)
 	}
 	t.Cleanup(stop)
 	return stop
@@ -144,6 +147,17 @@ func TestUninstallTakesWhatNothingUsesAndKeepsTheRest(t *testing.T) {
 	stopSandbox := sandbox(t, runningOwner)
 	holder := nettest.Hold(t, s.n.ns, held, nettest.HoldOptions{})
 	pinDir := filepath.Join(s.n.bpffs, datapath.PinSubdir)
+
+	// A folder to remove whole that is not galactic's, or paths that hold
+	// none of its state on a node with its taps (a wrong host root):
+	// nothing changes.
+	if code, out := s.uninstall("--vrf-lock-dir", t.TempDir()); code != 2 || !strings.Contains(out, "not galactic's") {
+		t.Fatalf("with a lock folder not named for galactic: exit %d, %s; want 2, refused", code, out)
+	}
+	elsewhere := filepath.Join(t.TempDir(), "galactic-elsewhere")
+	if code, out := s.uninstall("--host-root", elsewhere); code != 3 || !strings.Contains(out, "is the host root right?") {
+		t.Fatalf("under a root with none of the state: exit %d, %s; want 3, refused", code, out)
+	}
 
 	// A daemon answers: nothing changes.
 	_, log := s.n.start("--inventory-file", s.n.writeInventory(liveAttachment), "--dry-run")
@@ -229,7 +243,7 @@ func TestUninstallTakesWhatNothingUsesAndKeepsTheRest(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "nothing of galactic's is left") {
 		t.Errorf("a second run: exit %d, %s; want 0, finding nothing", code, out)
 	}
-	if _, err := os.Stat(filepath.Join(s.n.dir, "locks")); !errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat(s.at("run/galactic")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("a run with nothing to do made the lock folder: %v", err)
 	}
 }

@@ -61,8 +61,9 @@ func uninstallFlagSet(f *uninstallFlags) *flag.FlagSet {
 
 // runUninstall cleans the node of what galactic left once the cluster no
 // longer runs it (node/uninstall says what goes and what stays). Exit
-// codes: 3 when a daemon still runs (nothing changed), 4 when taps in use
-// were kept, and with them what serves them.
+// codes: 2 for a folder to remove that is not galactic's, 3 when a daemon
+// still runs or the paths are not this node's (nothing changed), 4 when
+// taps in use were kept, and with them what serves them.
 func runUninstall(ctx context.Context, args, environ []string, stdout, stderr io.Writer) error {
 	var f uninstallFlags
 	fs := uninstallFlagSet(&f)
@@ -89,6 +90,7 @@ func runUninstall(ctx context.Context, args, environ []string, stdout, stderr io
 		return filepath.Join(f.hostRoot, p)
 	}
 	paths := uninstall.Paths{
+		Root:        f.hostRoot,
 		AdminSocket: at(f.adminSocket), CNIBinDir: at(f.cniBinDir), CLIDir: at(f.cliDir),
 		SeccompDir: at(f.seccompDir), MultusConfDir: at(f.multusConfDir),
 		LayoutRecord: at(f.layoutRecord), CNIDataDir: at(f.cniDataDir),
@@ -108,8 +110,8 @@ func runUninstall(ctx context.Context, args, environ []string, stdout, stderr io
 	rep, err := uninstall.Run(ctx, uninstall.Config{
 		Paths:     paths,
 		Links:     conn,
-		Remover:   &teardown.Remover{Links: conn, Registry: rows, Locks: &lazyLocker{dir: paths.VRFLockDir}, Prober: holder.Prober{Links: conn}, Log: log},
-		Sandboxes: uninstall.ProcSandboxes{Proc: at(f.proc)},
+		Remover:   &teardown.Remover{Links: conn, Registry: rows, Locks: &lazyLocker{dir: paths.VRFLockDir, dryRun: f.dryRun}, Prober: holder.Prober{Links: conn}, Log: log},
+		Processes: uninstall.ProcScanner{Proc: at(f.proc)},
 		DryRun:    f.dryRun,
 		Log:       log,
 	})
@@ -120,10 +122,12 @@ func runUninstall(ctx context.Context, args, environ []string, stdout, stderr io
 			return errors.Join(err, jerr)
 		}
 	} else {
-		printUninstall(stdout, rep)
+		printUninstall(stdout, rep, err == nil)
 	}
 	switch {
-	case errors.Is(err, uninstall.ErrDaemonRunning):
+	case errors.Is(err, uninstall.ErrUnsafePath):
+		return cli.Misuse(fs.Name(), err)
+	case errors.Is(err, uninstall.ErrDaemonRunning), errors.Is(err, uninstall.ErrNotThisNode):
 		return &cli.ExitError{Code: 3, Err: err}
 	case errors.Is(err, uninstall.ErrKept):
 		return &cli.ExitError{Code: 4, Err: err}
@@ -147,14 +151,20 @@ func tapRows(bpffs, pinDir string, log interface{ Warn(string, ...any) }) (teard
 }
 
 // lazyLocker makes the VRF lock folder only when a tap is to be removed:
-// on a node galactic already left, the uninstall creates nothing.
+// on a node galactic already left, the uninstall creates nothing. A dry
+// run takes the locks only where the folder is already there: with none,
+// no plugin holds a lock.
 type lazyLocker struct {
-	dir   string
-	locks *vrf.Locker
+	dir    string
+	dryRun bool
+	locks  *vrf.Locker
 }
 
 func (l *lazyLocker) Lock(ctx context.Context, vpc identity.VPC) (func(), error) {
 	if l.locks == nil {
+		if _, err := os.Stat(l.dir); err != nil && l.dryRun {
+			return func() {}, nil
+		}
 		locks, err := vrf.NewLocker(l.dir)
 		if err != nil {
 			return nil, err
@@ -169,7 +179,7 @@ type noRows struct{}
 
 func (noRows) UnregisterInterface(context.Context, uint32) error { return nil }
 
-func printUninstall(w io.Writer, rep uninstall.Report) {
+func printUninstall(w io.Writer, rep uninstall.Report, done bool) {
 	verb := "removed"
 	if rep.DryRun {
 		verb = "would remove"
@@ -186,7 +196,7 @@ func printUninstall(w io.Writer, rep uninstall.Report) {
 	for _, p := range rep.Removed {
 		fmt.Fprintf(w, "%s %s\n", verb, p)
 	}
-	if len(rep.TapsRemoved)+len(rep.TapsKept)+len(rep.TapsFailed)+len(rep.Removed) == 0 {
+	if done && rep.Empty() {
 		fmt.Fprintln(w, "nothing of galactic's is left on this node")
 	}
 }

@@ -18,7 +18,6 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"debug/buildinfo"
-	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -150,7 +149,13 @@ func run(args []string, stdout io.Writer) error {
 
 // build reads each binary's build information into one BOM for the image.
 func build(image, version string, at time.Time, bins []binary) (*BOM, error) {
-	imageRef := "pkg:oci/" + path.Base(image) + "@" + version + "?repository_url=" + url.QueryEscape(image)
+	// The image is named without its registry, so that the SBOM, which
+	// the image carries, and so the image's digest, are the same whichever
+	// registry a release is rendered for. Its package URL has no version:
+	// an oci purl's version is the image's digest, which the image cannot
+	// know of itself; the tag says which release it is.
+	name := path.Base(image)
+	imageRef := "pkg:oci/" + name + "?tag=" + url.QueryEscape(version)
 	bom := &BOM{
 		BOMFormat:   "CycloneDX",
 		SpecVersion: specVersion,
@@ -161,7 +166,7 @@ func build(image, version string, at time.Time, bins []binary) (*BOM, error) {
 				Type: "application", Name: "galactic-node/hack/sbom",
 			}}},
 			Component: Component{
-				Type: "container", BOMRef: imageRef, Name: image, Version: version,
+				Type: "container", BOMRef: imageRef, Name: name, Version: version,
 				PURL: imageRef, Licenses: licenses(license),
 			},
 		},
@@ -187,7 +192,7 @@ func build(image, version string, at time.Time, bins []binary) (*BOM, error) {
 			Properties: buildProperties(b.dst, info),
 		})
 		deps := Dependency{Ref: binRef}
-		toolchain := goPURL("stdlib", strings.TrimPrefix(info.GoVersion, "go"))
+		toolchain := goPURL("stdlib", info.GoVersion)
 		add := func(c Component) {
 			deps.DependsOn = append(deps.DependsOn, c.BOMRef)
 			if !seen[c.BOMRef] {
@@ -220,11 +225,12 @@ func module(m *debug.Module) Component {
 		props = append(props, Property{Name: "galactic:replaces", Value: m.Path + "@" + m.Version})
 	}
 	ref := goPURL(used.Path, used.Version)
-	c := Component{Type: "library", BOMRef: ref, Name: used.Path, Version: used.Version, PURL: ref, Properties: props}
-	if h, ok := h1SHA256(used.Sum); ok {
-		c.Hashes = []Hash{{Alg: "SHA-256", Content: h}}
+	// go.sum's h1: hash is a SHA-256 of the module's file list, not of
+	// any file one could download and check: a property, not a hash.
+	if used.Sum != "" {
+		props = append(props, Property{Name: "galactic:go-sum", Value: used.Sum})
 	}
-	return c
+	return Component{Type: "library", BOMRef: ref, Name: used.Path, Version: used.Version, PURL: ref, Properties: props}
 }
 
 // buildProperties keeps what `go version -m` prints beside the modules:
@@ -246,27 +252,20 @@ func buildProperties(dst string, info *buildinfo.BuildInfo) []Property {
 func goPURL(modPath, version string) string {
 	segs := strings.Split(modPath, "/")
 	for i, s := range segs {
-		segs[i] = url.PathEscape(s)
+		segs[i] = purlEscape(s)
 	}
 	p := "pkg:golang/" + strings.Join(segs, "/")
 	if version != "" && version != "(devel)" {
-		p += "@" + url.PathEscape(version)
+		p += "@" + purlEscape(version)
 	}
 	return p
 }
 
-// h1SHA256 turns go.sum's "h1:" hash (base64 of a SHA-256 over the
-// module's file list) into the hex CycloneDX expects.
-func h1SHA256(sum string) (string, bool) {
-	b64, ok := strings.CutPrefix(sum, "h1:")
-	if !ok {
-		return "", false
-	}
-	raw, err := base64.StdEncoding.DecodeString(b64)
-	if err != nil || len(raw) != 32 {
-		return "", false
-	}
-	return hex.EncodeToString(raw), true
+// purlEscape percent-encodes what the purl spec does not allow bare in a
+// segment or version: url.PathEscape leaves "+" (as in +incompatible)
+// and a few others alone.
+func purlEscape(s string) string {
+	return strings.NewReplacer("+", "%2B", "@", "%40", "?", "%3F", "#", "%23").Replace(url.PathEscape(s))
 }
 
 func licenses(id string) []License {

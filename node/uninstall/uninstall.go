@@ -5,14 +5,20 @@
 // record, the VRF locks and the brake's memory.
 //
 // The rules a caller must know. Nothing changes while a daemon answers on
-// the admin socket. A tap is removed only through node/teardown, the path
-// CNI DEL takes, and only if no process holds it (the kernel probe decides)
-// and the pod sandbox its ADD was for (its owner stamp) has no process left
-// on the node. Any other tap is kept, and with it everything that serves it:
-// the plugin the runtime will exec to DEL it, the pins holding its program
-// and rows, the records and locks that plugin reads. Run then reports the
-// taps kept and why, and ErrKept; run it again once they are gone. Each
-// step is idempotent: a second run finds nothing and says so.
+// the admin socket or runs in this network namespace, while the paths hold
+// none of galactic's state although the node has its taps (a wrong host
+// root), or when a folder to be removed whole is not named for galactic. A
+// tap is removed only through node/teardown, the path CNI DEL takes, and
+// only if no process holds it (the kernel probe decides) and no process on
+// the node is in a cgroup named after the pod sandbox its ADD was for (its
+// owner stamp). Any other tap is kept, and with it everything that serves
+// it: the plugin the runtime will exec to DEL it, the pins holding its
+// program and rows, the records and locks that plugin reads. Run then
+// reports the taps kept and why, and ErrKept; run it again once they are
+// gone. The plugin is set aside before the rest goes, plugin invocations
+// already running are waited for, and it is put back if a tap appeared
+// meanwhile. Each step is idempotent: a second run finds nothing and says
+// so.
 package uninstall
 
 import (
@@ -26,6 +32,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/datum-cloud/galactic-node/node/link"
@@ -34,17 +41,25 @@ import (
 
 // Sentinel errors a caller branches on.
 var (
-	// ErrDaemonRunning: a daemon answers on the admin socket; nothing
-	// was changed.
+	// ErrDaemonRunning: a daemon answers on the admin socket, or runs in
+	// this network namespace; nothing was changed.
 	ErrDaemonRunning = errors.New("a galactic-node daemon still runs on this node")
 	// ErrKept: some taps are still in use and were kept, and with them
 	// the plugin, pins, records and locks.
 	ErrKept = errors.New("taps still in use were kept, and what serves them")
+	// ErrNotThisNode: the paths hold nothing of galactic's, yet the node
+	// has its taps: the host root or a path flag is wrong. Nothing was
+	// changed.
+	ErrNotThisNode = errors.New("the paths given hold none of galactic's state, yet this node has its taps")
+	// ErrUnsafePath: a folder to be removed whole is not named for
+	// galactic. Nothing was changed.
+	ErrUnsafePath = errors.New("a folder to remove whole is not galactic's")
 )
 
-// Paths are where an install put things on the node. An empty path is
-// skipped.
+// Paths are where an install put things on the node, under Root. An empty
+// path is skipped.
 type Paths struct {
+	Root          string // the node's root filesystem, as this process sees it ("/", or /host in a debug pod)
 	AdminSocket   string // the daemon's socket: answering, nothing is done
 	CNIBinDir     string // holds the plugin, galactic-tap
 	CLIDir        string // holds the CLI, galactic-node
@@ -65,10 +80,9 @@ const (
 	ConflistName = "10-galactic.conflist"
 )
 
-// Sandboxes tells whether a pod sandbox still has processes on the node.
-type Sandboxes interface {
-	Running(ctx context.Context, owner string) (bool, error)
-}
+// pluginWait bounds the wait for plugin invocations that started before
+// the plugin was set aside.
+const pluginWait = 30 * time.Second
 
 // Config is one uninstall.
 type Config struct {
@@ -77,7 +91,7 @@ type Config struct {
 	// one teardown, its prober proving each free.
 	Links     teardown.Links
 	Remover   *teardown.Remover
-	Sandboxes Sandboxes
+	Processes Processes
 	// DryRun reports what would be removed and changes nothing.
 	DryRun bool
 	Log    *slog.Logger
@@ -94,44 +108,78 @@ type Report struct {
 	DryRun  bool     `json:"dryRun,omitempty"`
 }
 
+// Empty reports whether the run found nothing of galactic's.
+func (r Report) Empty() bool {
+	return len(r.TapsRemoved)+len(r.TapsKept)+len(r.TapsFailed)+len(r.Removed) == 0
+}
+
 // Run cleans the node as the package says, and reports what it did. It
-// returns ErrDaemonRunning or ErrKept (wrapped, with what and why) when it
-// stopped short.
+// returns ErrDaemonRunning, ErrNotThisNode, ErrUnsafePath or ErrKept
+// (wrapped, with what and why) when it stopped short.
 func Run(ctx context.Context, c Config) (Report, error) {
 	log := c.Log
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	rep := Report{DryRun: c.DryRun}
-	if c.AdminSocket != "" && answers(ctx, c.AdminSocket) {
-		return rep, fmt.Errorf("%w: %s answers; delete galactic from the cluster first (docs/operations.md, Uninstall)", ErrDaemonRunning, c.AdminSocket)
+	for _, dir := range []string{c.PinDir, c.CNIDataDir, c.VRFLockDir} {
+		if dir != "" && !c.galactics(dir) {
+			return rep, fmt.Errorf("%w: %s would be removed with all it holds; name a folder of galactic's", ErrUnsafePath, dir)
+		}
 	}
-
-	if err := removeTaps(ctx, c, &rep, log); err != nil {
+	if c.AdminSocket != "" {
+		if up, err := answers(ctx, c.AdminSocket); up || err != nil {
+			return rep, fmt.Errorf("%w: %s answers (%v); delete galactic from the cluster first (docs/operations.md, Uninstall)", ErrDaemonRunning, c.AdminSocket, err)
+		}
+	}
+	taps, err := tenantTaps(ctx, c.Links)
+	if err != nil {
 		return rep, err
 	}
+	if len(taps) > 0 && !c.anyState() {
+		return rep, fmt.Errorf("%w (%d taps; none of %s): is the host root right?", ErrNotThisNode, len(taps), strings.Join(c.stateDirs(), ", "))
+	}
+	view, err := c.Processes.Look(ctx)
+	if err != nil {
+		return rep, err
+	}
+	if len(view.Daemons) > 0 {
+		return rep, fmt.Errorf("%w: process %d runs galactic-node run in this network namespace; delete galactic from the cluster first (docs/operations.md, Uninstall)", ErrDaemonRunning, view.Daemons[0])
+	}
+
+	plugin := join(c.CNIBinDir, PluginName)
+	aside := join(c.CNIBinDir, "."+PluginName+".uninstalling")
+	if plugin != "" && !c.DryRun {
+		// A run killed after it set the plugin aside left it there.
+		if _, err := os.Lstat(plugin); errors.Is(err, fs.ErrNotExist) {
+			if err := os.Rename(aside, plugin); err == nil {
+				log.Info("put back the plugin an interrupted uninstall set aside", "path", plugin)
+			}
+		}
+	}
+
+	removeTaps(ctx, c, taps, view, &rep, log)
 	if len(rep.TapsKept) > 0 || len(rep.TapsFailed) > 0 {
 		return rep, keptError(rep)
 	}
 
-	// The plugin goes first, aside, so that no runtime starts it anew;
-	// a tap an ADD made meanwhile is found by the second look, and the
-	// plugin is put back for it.
-	plugin := join(c.CNIBinDir, PluginName)
-	aside := join(c.CNIBinDir, "."+PluginName+".uninstalling")
 	if plugin != "" && !c.DryRun {
+		// The plugin goes first, aside, so that no runtime starts it
+		// anew; invocations already running are waited for, and a tap
+		// one made meanwhile is found by the second look, and the plugin
+		// put back for it.
 		if err := os.Rename(plugin, aside); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return rep, fmt.Errorf("move the plugin %s aside: %w", plugin, err)
 		}
-		taps, err := tenantTaps(ctx, c.Links)
-		if err != nil || len(taps) > 0 {
+		late, err := c.afterPlugins(ctx)
+		if err != nil || len(late) > 0 {
 			if rerr := os.Rename(aside, plugin); rerr != nil && !errors.Is(rerr, fs.ErrNotExist) {
 				err = errors.Join(err, fmt.Errorf("put the plugin %s back: %w", plugin, rerr))
 			}
 			if err != nil {
 				return rep, err
 			}
-			for _, t := range taps {
+			for _, t := range late {
 				rep.TapsKept = append(rep.TapsKept, teardown.Kept{Tap: teardown.RefOf(t), Why: "made while the uninstall ran"})
 			}
 			return rep, keptError(rep)
@@ -144,7 +192,7 @@ func Run(ctx context.Context, c Config) (Report, error) {
 		} else {
 			return rep, fmt.Errorf("remove the plugin %s: %w", plugin, err)
 		}
-		removed, err := removeLeftovers(plugin)
+		removed, err := removeLeftovers(plugin, false)
 		rep.Removed = append(rep.Removed, removed...)
 		if err != nil {
 			return rep, err
@@ -173,9 +221,7 @@ func Run(ctx context.Context, c Config) (Report, error) {
 		}
 		if c.DryRun {
 			note(&rep, p.path)
-			continue
-		}
-		if err := remove(p.path, p.all); errors.Is(err, fs.ErrNotExist) {
+		} else if err := remove(p.path, p.all); errors.Is(err, fs.ErrNotExist) {
 			rep.Absent = append(rep.Absent, p.path)
 		} else if err != nil {
 			errs = append(errs, err)
@@ -184,7 +230,7 @@ func Run(ctx context.Context, c Config) (Report, error) {
 			log.Info("removed", "path", p.path)
 		}
 		if !p.all {
-			removed, err := removeLeftovers(p.path)
+			removed, err := removeLeftovers(p.path, c.DryRun)
 			rep.Removed = append(rep.Removed, removed...)
 			if err != nil {
 				errs = append(errs, err)
@@ -193,16 +239,16 @@ func Run(ctx context.Context, c Config) (Report, error) {
 	}
 	// The folders install-cni and the daemon made (/opt/galactic/bin,
 	// /run/galactic, /var/lib/galactic/node, ...), once empty: only
-	// folders on a path that names galactic, so that a flag pointed
-	// elsewhere never takes an empty folder of the system's with it.
+	// folders whose path under the root names galactic, so that a flag
+	// pointed elsewhere never takes an empty folder of the system's.
 	if !c.DryRun {
 		for _, dir := range []string{c.CLIDir, c.SeccompDir, dirOf(c.LayoutRecord), dirOf(c.AdminSocket), dirOf(c.BrakeMemory)} {
-			if !strings.Contains(dir, "galactic") {
+			if dir == "" || !c.galactics(dir) {
 				continue
 			}
 			// The folder itself (/opt/galactic/bin), then each parent
 			// named for galactic (/opt/galactic).
-			for first := true; dir != "" && (first || strings.Contains(filepath.Base(dir), "galactic")); dir, first = dirOf(dir), false {
+			for first := true; c.galactics(dir) && (first || strings.Contains(filepath.Base(dir), "galactic")); dir, first = dirOf(dir), false {
 				if os.Remove(dir) != nil {
 					break
 				}
@@ -213,41 +259,102 @@ func Run(ctx context.Context, c Config) (Report, error) {
 	return rep, errors.Join(errs...)
 }
 
-// removeTaps removes every tenant tap that is not in use, and reports each.
-func removeTaps(ctx context.Context, c Config, rep *Report, log *slog.Logger) error {
-	taps, err := tenantTaps(ctx, c.Links)
-	if err != nil {
-		return err
+// galactics reports whether path, below the root, names galactic.
+func (c Config) galactics(path string) bool {
+	rel, err := filepath.Rel(c.root(), path)
+	return err == nil && !strings.HasPrefix(rel, "..") && strings.Contains(rel, "galactic")
+}
+
+func (c Config) root() string {
+	if c.Root == "" {
+		return "/"
 	}
+	return c.Root
+}
+
+// stateDirs are where a node galactic ran on keeps state while it has taps.
+func (c Config) stateDirs() []string {
+	var dirs []string
+	for _, d := range []string{c.PinDir, c.CNIDataDir, c.VRFLockDir, dirOf(c.LayoutRecord)} {
+		if d != "" {
+			dirs = append(dirs, d)
+		}
+	}
+	return dirs
+}
+
+func (c Config) anyState() bool {
+	for _, d := range c.stateDirs() {
+		if _, err := os.Stat(d); err == nil {
+			return true
+		}
+	}
+	return false
+}
+
+// afterPlugins waits for the plugin invocations running in this network
+// namespace to end, then lists the taps again: any is one made meanwhile.
+func (c Config) afterPlugins(ctx context.Context) ([]link.Tap, error) {
+	deadline := time.Now().Add(pluginWait)
+	for {
+		view, err := c.Processes.Look(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if len(view.Plugins) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("galactic-tap (process %d) still runs after %s: run again once the runtime is done with it", view.Plugins[0], pluginWait)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	return tenantTaps(ctx, c.Links)
+}
+
+// removeTaps removes every tenant tap that is not in use, and reports each.
+// A tap that went by itself meanwhile is neither removed nor kept; one
+// whose link went but whose rows could not all be cleared is removed (its
+// rows go with the pin folder).
+func removeTaps(ctx context.Context, c Config, taps []link.Tap, view ProcessView, rep *Report, log *slog.Logger) {
 	var targets []teardown.TapRef
 	for _, t := range taps {
 		ref := teardown.RefOf(t)
-		if !t.Stamped() {
-			rep.TapsKept = append(rep.TapsKept, teardown.Kept{Tap: ref, Why: "it carries no owner stamp, so no sandbox can be told gone"})
-			continue
-		}
-		running, err := c.Sandboxes.Running(ctx, ref.Owner)
 		switch {
-		case err != nil:
-			rep.TapsKept = append(rep.TapsKept, teardown.Kept{Tap: ref, Why: "cannot tell whether its pod sandbox still runs: " + err.Error()})
-		case running:
+		case !t.Stamped():
+			rep.TapsKept = append(rep.TapsKept, teardown.Kept{Tap: ref, Why: "it carries no owner stamp, so no sandbox can be told gone"})
+		case view.SandboxRuns(ref.Owner):
 			rep.TapsKept = append(rep.TapsKept, teardown.Kept{Tap: ref, Why: "its pod sandbox " + ref.Owner + " still has processes on the node: delete the pod first"})
 		default:
 			targets = append(targets, ref)
 		}
 	}
 	if len(targets) == 0 {
-		return nil
+		return
 	}
 	out := c.Remover.Remove(ctx, targets, teardown.Options{DryRun: c.DryRun})
 	rep.TapsRemoved = append(rep.TapsRemoved, out.Removed...)
 	rep.TapsRemoved = append(rep.TapsRemoved, out.WouldRemove...)
-	rep.TapsKept = append(rep.TapsKept, out.Kept...)
-	rep.TapsFailed = append(rep.TapsFailed, out.Failed...)
+	for _, k := range out.Kept {
+		if strings.HasPrefix(k.Why, "gone before") {
+			continue
+		}
+		rep.TapsKept = append(rep.TapsKept, k)
+	}
+	for _, f := range out.Failed {
+		if f.Stage == teardown.StageRows {
+			log.Warn("removed tap's rows go with the pin folder", "tap", f.Tap.Name, "error", f.Error)
+			continue
+		}
+		rep.TapsFailed = append(rep.TapsFailed, f)
+	}
 	for _, t := range out.Removed {
 		log.Info("removed tap", "tap", t.Name, "ifindex", t.Ifindex, "owner", t.Owner)
 	}
-	return nil
 }
 
 func tenantTaps(ctx context.Context, l teardown.Links) ([]link.Tap, error) {
@@ -271,15 +378,21 @@ func keptError(rep Report) error {
 }
 
 // answers reports whether something accepts connections on the socket.
-func answers(ctx context.Context, socket string) bool {
+// Only a socket that is not there, or that nothing listens on, says no
+// daemon; any other failure (a full backlog, a refused permission) is an
+// error, since a daemon may be behind it.
+func answers(ctx context.Context, socket string) (bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	conn, err := (&net.Dialer{}).DialContext(ctx, "unix", socket)
-	if err != nil {
-		return false
+	if err == nil {
+		conn.Close()
+		return true, nil
 	}
-	conn.Close()
-	return true
+	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ECONNREFUSED) {
+		return false, nil
+	}
+	return false, err
 }
 
 // remove removes a file, or with all a folder and what it holds; a folder
@@ -305,13 +418,17 @@ func remove(path string, all bool) error {
 // beside it: each writes a temp file in the same folder and renames it into
 // place, named .<name>.tmp-* (install-cni, the brake's memory) or
 // .<name>-* (the layout record).
-func removeLeftovers(path string) ([]string, error) {
+func removeLeftovers(path string, dryRun bool) ([]string, error) {
 	var removed []string
 	var errs []error
 	dir, base := filepath.Dir(path), filepath.Base(path)
 	for _, pattern := range []string{"." + base + ".tmp-*", "." + base + "-*"} {
 		matches, _ := filepath.Glob(filepath.Join(dir, globEscape(pattern)))
 		for _, m := range matches {
+			if dryRun {
+				removed = append(removed, m)
+				continue
+			}
 			if err := os.Remove(m); err != nil && !errors.Is(err, fs.ErrNotExist) {
 				errs = append(errs, fmt.Errorf("remove %s: %w", m, err))
 				continue
