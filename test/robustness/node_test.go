@@ -296,7 +296,12 @@ func (r *run) step(faults bool) {
 				delay = -1 // at its record's temp file
 			}
 			r.h.Add(Event{Kind: TapMakeStart, Tap: r.tapName(a), Detail: ctr})
+			// A tap the killed ADD had not yet persisted goes with it:
+			// a removal window of the harness's, as a DEL's is.
+			r.h.Add(Event{Kind: RemoveStart, Tap: r.tapName(a), Detail: "killed ADD " + ctr})
 			err := r.killedAdd(a, ctr, delay)
+			r.afterKilledAdd(r.tapName(a))
+			r.h.Add(Event{Kind: RemoveEnd, Tap: r.tapName(a)})
 			r.pods[a] = ctr
 			r.op("ADD %s (attachment %d) SIGKILLed after %s: %v", ctr, a, delay, err)
 		}

@@ -387,6 +387,23 @@ func (s *scene) killedAdd(att int, container string, delay time.Duration) error 
 	return cmd.Wait()
 }
 
+// afterKilledAdd waits until the tap a killed ADD was making is either
+// gone or persistent. The plugin makes a tap with TUNSETIFF and persists it
+// after: killed in between, its file closes with the process and the
+// kernel destroys the tap, a removal that is neither the daemon's nor a
+// DEL's, and that ends a moment after the process (the unregister runs
+// after the close).
+func (s *scene) afterKilledAdd(tap string) {
+	deadline := time.Now().Add(2 * time.Second)
+	for time.Now().Before(deadline) {
+		l, err := s.conn.GetByName(context.Background(), tap)
+		if errors.Is(err, link.ErrLinkGone) || (err == nil && l.Tun != nil && l.Tun.Persist) {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // killedAtRecord starts cmd, a plugin's ADD, and SIGKILLs it the moment a
 // record's temp file appears in the network's folder (inotify): between
 // the temp file and its rename, the window a kill leaves a stray in, a

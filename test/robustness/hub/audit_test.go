@@ -51,7 +51,13 @@ func withAudit(dir string) (func(*envtest.APIServer), string, error) {
 			Set("audit-policy-file", policy).
 			Set("audit-log-path", path).
 			Set("audit-log-format", "json").
-			Set("audit-log-mode", "blocking")
+			Set("audit-log-mode", "blocking").
+			// The tail reads one file from its start: the API server
+			// (lumberjack) rotates at 100 MB unless told otherwise, and a
+			// run of an hour wrote 130 MB, the rest of which the tail
+			// never saw (its networks' deletes missing, every later
+			// collect judged a live network's). 1 TB: never, here.
+			Set("audit-log-maxsize", "1000000")
 	}, path, nil
 }
 
