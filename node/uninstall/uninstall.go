@@ -127,17 +127,21 @@ func Run(ctx context.Context, c Config) (Report, error) {
 			return rep, fmt.Errorf("%w: %s would be removed with all it holds; name a folder of galactic's", ErrUnsafePath, dir)
 		}
 	}
-	if c.AdminSocket != "" {
-		if up, err := answers(ctx, c.AdminSocket); up || err != nil {
-			return rep, fmt.Errorf("%w: %s answers (%v); delete galactic from the cluster first (docs/operations.md, Uninstall)", ErrDaemonRunning, c.AdminSocket, err)
-		}
-	}
 	taps, err := tenantTaps(ctx, c.Links)
 	if err != nil {
 		return rep, err
 	}
 	if len(taps) > 0 && !c.anyState() {
 		return rep, fmt.Errorf("%w (%d taps; none of %s): is the host root right?", ErrNotThisNode, len(taps), strings.Join(c.stateDirs(), ", "))
+	}
+	if c.AdminSocket != "" {
+		up, err := answers(ctx, c.AdminSocket)
+		if err != nil {
+			return rep, fmt.Errorf("%w: whether one answers on %s cannot be told: %v", ErrDaemonRunning, c.AdminSocket, err)
+		}
+		if up {
+			return rep, fmt.Errorf("%w: %s answers; delete galactic from the cluster first (docs/operations.md, Uninstall)", ErrDaemonRunning, c.AdminSocket)
+		}
 	}
 	view, err := c.Processes.Look(ctx)
 	if err != nil {
