@@ -122,7 +122,7 @@ func run(args []string, stdout io.Writer) error {
 		return err
 	}
 	if *image == "" || *version == "" || *epoch < 0 || fs.NArg() == 0 {
-		return errors.New("usage: sbom -image REPO -version V -epoch SECONDS [-out FILE] BINARY=PATH-IN-IMAGE...")
+		return errors.New("usage: sbom -image REPO -version V -epoch SECONDS [-out FILE] BINARY=PATH-IN-IMAGE ...; at least one binary")
 	}
 	var bins []binary
 	for _, a := range fs.Args() {

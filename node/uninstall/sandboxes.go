@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 )
 
@@ -96,8 +97,7 @@ func (p ProcScanner) Look(ctx context.Context) (ProcessView, error) {
 		if net, err := os.Readlink(filepath.Join(dir, "ns", "net")); err != nil || net != ownNet {
 			continue // another network namespace's: not this node's taps
 		}
-		pid := 0
-		fmt.Sscan(e.Name(), &pid)
+		pid, _ := strconv.Atoi(e.Name()) // isPID said digits
 		if daemon {
 			v.Daemons = append(v.Daemons, pid)
 		} else {

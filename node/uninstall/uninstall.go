@@ -137,7 +137,7 @@ func Run(ctx context.Context, c Config) (Report, error) {
 	if c.AdminSocket != "" {
 		up, err := answers(ctx, c.AdminSocket)
 		if err != nil {
-			return rep, fmt.Errorf("%w: whether one answers on %s cannot be told: %v", ErrDaemonRunning, c.AdminSocket, err)
+			return rep, fmt.Errorf("%w: whether one answers on %s cannot be told: %w", ErrDaemonRunning, c.AdminSocket, err)
 		}
 		if up {
 			return rep, fmt.Errorf("%w: %s answers; delete galactic from the cluster first (docs/operations.md, Uninstall)", ErrDaemonRunning, c.AdminSocket)
