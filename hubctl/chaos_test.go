@@ -310,12 +310,19 @@ func TestHubChaosCatchesEachBrokenVariant(t *testing.T) {
 				continue // a server that checks preconditions needs no check after
 			}
 			t.Run(name+"/"+mode, func(t *testing.T) {
+				// A seed's run may never reach what the broken check
+				// guards (no gone network's claim under Retain, say):
+				// the variant must be caught within a few seeds, not
+				// by every one.
 				seed := chaostest.Seed()
-				err := hubChaos(seed, chaostest.Ops(5000), m.direct, m.ipam, breakIt)
-				if err == nil {
-					t.Fatalf("seed %d: %s went unnoticed", seed, name)
+				var err error
+				for try := range uint64(4) {
+					if err = hubChaos(seed+try, chaostest.Ops(5000), m.direct, m.ipam, breakIt); err != nil {
+						t.Logf("caught with seed %d: %v", seed+try, err)
+						return
+					}
 				}
-				t.Logf("caught: %v", err)
+				t.Fatalf("seeds %d to %d: %s went unnoticed", seed, seed+3, name)
 			})
 		}
 	}

@@ -92,7 +92,8 @@ func TestMakeImages(t *testing.T) {
 			if !slices.Equal(cf.Config.Entrypoint, []string{wantEntry}) {
 				t.Errorf("entrypoint %q, want %q", cf.Config.Entrypoint, wantEntry)
 			}
-			want := []string{"usr/local/bin/" + name}
+			// Each image carries the license and its SBOM (docs/release.md).
+			want := []string{"usr/local/bin/" + name, "usr/share/doc/galactic/LICENSE", "usr/share/sbom/" + name + ".cdx.json"}
 			if name == "galactic-node" {
 				want = append(want, "etc/galactic/seccomp/galactic-node.json", "usr/local/bin/galactic-tap")
 				if cf.Config.User != "" && cf.Config.User != "0" && cf.Config.User != "0:0" {
