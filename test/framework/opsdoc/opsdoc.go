@@ -12,10 +12,7 @@ import (
 	"strings"
 )
 
-var (
-	shBlock     = regexp.MustCompile("(?s)```sh\n(.*?)\n\\s*```")
-	taggedBlock = regexp.MustCompile("(?s)```sh( [a-z-]+)?\n(.*?)\n\\s*```")
-)
+var taggedBlock = regexp.MustCompile("(?s)```sh( [a-z-]+)?\n(.*?)\n\\s*```")
 
 // Block is an sh block and where it runs: its fence's word after sh
 // ("```sh node": on each node, as root), empty for an operator's shell
@@ -96,15 +93,18 @@ func Table(repoRoot, heading string) ([][]string, error) {
 }
 
 // InstallSteps returns the sh blocks of the Install section of
-// docs/operations.md under repoRoot, in order.
+// docs/operations.md under repoRoot, in order: an operator's shell's,
+// the section having no other.
 func InstallSteps(repoRoot string) ([]string, error) {
-	section, err := Section(repoRoot, "Install")
+	blocks, err := Blocks(repoRoot, "Install")
 	if err != nil {
 		return nil, fmt.Errorf("read the install steps: %w", err)
 	}
 	var steps []string
-	for _, m := range shBlock.FindAllStringSubmatch(section, -1) {
-		steps = append(steps, m[1])
+	for _, b := range blocks {
+		if b.Where == "" {
+			steps = append(steps, b.Script)
+		}
 	}
 	if len(steps) == 0 {
 		return nil, errors.New("the Install section of docs/operations.md has no sh block")
